@@ -1,0 +1,1 @@
+"""Experiment runner: trace loaders and replay tooling."""

@@ -1,0 +1,156 @@
+"""Fixed-size KV blocks: ref counts, a free queue in eviction order, and the prefix-cache hash map.
+
+Invariant: a block is in the free queue iff its ref count is 0. A freed block keeps its hash (and
+stays hittable) until it is handed out again, which is when it leaves the hash map.
+"""
+from collections.abc import Iterable
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "hit_count")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+        self.prev_free: "KVCacheBlock | None" = None
+        self.next_free: "KVCacheBlock | None" = None
+        self.hit_count = 0                     # prefix hits since cached (for frequency-aware eviction)
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks: pop from the head (next to evict), append at the tail,
+    remove from anywhere in O(1) when a cached free block is hit again. Head-first order is LRU."""
+
+    def __init__(self, blocks: list[KVCacheBlock]):
+        self.head = KVCacheBlock(-1)
+        self.tail = KVCacheBlock(-1)
+        self.head.next_free, self.tail.prev_free = self.tail, self.head
+        self.num_free = 0
+        for block in blocks:
+            self.append(block)
+
+    def append(self, block: KVCacheBlock) -> None:
+        last = self.tail.prev_free
+        last.next_free, block.prev_free = block, last
+        block.next_free, self.tail.prev_free = self.tail, block
+        self.num_free += 1
+
+    def remove(self, block: KVCacheBlock) -> None:
+        if block.prev_free is None:
+            raise AssertionError(f"{block} is not in the free queue")
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+    def popleft(self) -> KVCacheBlock:
+        if self.num_free == 0:
+            raise ValueError("no free blocks")
+        block = self.head.next_free
+        self.remove(block)
+        return block
+
+    def __iter__(self):
+        block = self.head.next_free
+        while block is not self.tail:
+            yield block
+            block = block.next_free
+
+    def __len__(self) -> int:
+        return self.num_free
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least 1 block, got num_blocks={num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.hash_to_block: dict[int, KVCacheBlock] = {}
+        self.num_cached_free = 0   # free blocks that still hold a cached prefix
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free
+
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        return self.hash_to_block.get(block_hash)
+
+    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        """Hand out n free blocks (evicting their cached content) with ref count 1."""
+        if n > self.free_queue.num_free:
+            raise ValueError(f"asked for {n} blocks, only {self.free_queue.num_free} free")
+        out = []
+        for _ in range(n):
+            block = self.free_queue.popleft()
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is None:
+            return
+        self.num_cached_free -= 1
+        self.num_evictions += 1
+        if self.hash_to_block.get(block.block_hash) is block:
+            del self.hash_to_block[block.block_hash]
+        block.block_hash = None
+        block.hit_count = 0
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-hit blocks, pulling free ones out of the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+                if block.block_hash is not None:
+                    self.num_cached_free -= 1
+            block.ref_cnt += 1
+            block.hit_count += 1
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop a reference; blocks reaching 0 join the tail of the free queue in the order given
+        (callers pass a request's blocks tail-first, so its prefix is evicted last)."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise AssertionError(f"double free of {block}")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+                if block.block_hash is not None:
+                    self.num_cached_free += 1
+
+    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+        """Register a newly full block under its chained hash (first writer wins on duplicates)."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        block.block_hash = block_hash
+        self.hash_to_block.setdefault(block_hash, block)
+
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Forget a held block's hash (its content is about to be overwritten, e.g. a rejected draft)."""
+        if block.block_hash is not None and self.hash_to_block.get(block.block_hash) is block:
+            del self.hash_to_block[block.block_hash]
+        block.block_hash = None
+
+    def check_invariants(self) -> None:
+        """Consistency of ref counts, free queue and hash map (used by the property tests)."""
+        in_queue = set()
+        for block in self.free_queue:
+            assert block.block_id not in in_queue, f"{block} twice in the free queue"
+            in_queue.add(block.block_id)
+        assert len(in_queue) == self.free_queue.num_free
+        for block in self.blocks:
+            assert block.ref_cnt >= 0, block
+            assert (block.ref_cnt == 0) == (block.block_id in in_queue), block
+        for h, block in self.hash_to_block.items():
+            assert block.block_hash == h, (h, block)
+        cached_free = sum(1 for b in self.blocks if b.ref_cnt == 0 and b.block_hash is not None)
+        assert cached_free == self.num_cached_free, (cached_free, self.num_cached_free)

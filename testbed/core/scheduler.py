@@ -1,0 +1,231 @@
+"""The one scheduling mechanism: each step, give requests new tokens to compute within the budgets.
+
+Prefill chunks, decode, prefix hits, speculative verification (1 + k tokens) and recompute preemption
+are all "advance num_computed_tokens"; a SchedulingPolicy only orders requests and picks victims.
+"""
+import bisect
+from dataclasses import dataclass, field
+
+from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.policies import SchedulingPolicy
+from testbed.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 8192
+
+    def __post_init__(self):
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_batched_tokens and max_num_seqs must be >= 1, got "
+                             f"{self.max_num_batched_tokens} and {self.max_num_seqs}")
+
+
+@dataclass
+class SchedulerOutput:
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)   # aligned with requests
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)     # finished since the last step (for executors)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy, clock):
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        self.clock = clock
+        self.waiting: list[Request] = []      # sorted by policy key
+        self.running: list[Request] = []      # sorted by policy key
+        self.requests: dict[str, Request] = {}
+        self._next_seq_no = 0
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # ---- queue upkeep -------------------------------------------------------------------------
+    def _insert(self, queue: list[Request], request: Request, now: float) -> None:
+        key = self.policy.key
+        bisect.insort(queue, request, key=lambda r: key(r, now))
+
+    def add_request(self, request: Request) -> None:
+        request.seq_no = self._next_seq_no
+        self._next_seq_no += 1
+        self.requests[request.request_id] = request
+        self._insert(self.waiting, request, self.clock())
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def _preempt(self, request: Request, now: float) -> None:
+        """Recompute preemption: drop the KV, start over later (prefix cache permitting)."""
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._insert(self.waiting, request, now)
+
+    # ---- the step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock()
+        if self.policy.time_dependent:
+            key = self.policy.key
+            self.waiting.sort(key=lambda r: key(r, now))
+            self.running.sort(key=lambda r: key(r, now))
+        out = SchedulerOutput(finished_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget, now)
+        if not out.preempted:
+            self._schedule_waiting(out, budget, now)
+        return out
+
+    def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        out.requests.append(request)
+        out.num_new_tokens.append(num_new)
+        if request.num_computed_tokens >= request.num_tokens - 1:
+            out.num_decode_tokens += num_new
+        else:
+            out.num_prefill_tokens += num_new
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens,
+                          self.policy.token_budget(request, budget))
+            if num_new <= 0:
+                i += 1
+                continue
+            while self.kv.allocate_slots(request, num_new) is None:
+                # only requests not yet scheduled this step (at or after i) can be victims
+                victim = self.policy.choose_victim(self.running[i:], now)
+                self._preempt(victim, now)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is RequestStatus.PREEMPTED:
+                continue
+            self._record(out, request, num_new)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_cached
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, self.policy.token_budget(request, budget))
+            if num_new <= 0:
+                break
+            if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
+                unscheduled = [r for r in self.running if r not in out.requests]
+                victim = self.policy.should_preempt_for(request, unscheduled, now)
+                if victim is None:
+                    break
+                self._preempt(victim, now)
+                out.preempted.append(victim)
+                continue
+            self.waiting.pop(0)
+            request.num_computed_tokens = num_cached
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_cached
+                request.first_scheduled_time = now
+                self.kv.record_prefix_lookup(request.num_tokens, num_cached)
+            request.status = RequestStatus.RUNNING
+            self._insert(self.running, request, now)
+            self._record(out, request, num_new)
+            budget -= num_new
+
+    # ---- after the model ran ------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: list[list[int] | None],
+               logprobs: list[list[float] | None] | None = None) -> list[tuple[Request, list[int]]]:
+        """Advance computed counts and append sampled tokens. Returns (request, new tokens) for every
+        request that produced tokens or finished this step."""
+        now = self.clock()
+        updates = []
+        for idx, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens)):
+            if request.is_finished:          # aborted while the step ran
+                continue
+            request.num_computed_tokens += num_new
+            tokens = sampled[idx]
+            if not tokens:
+                continue                     # a prefill chunk that did not reach the end
+            if request.spec_token_ids:
+                # rejected drafts: their KV is stale, rewind and give surplus blocks back
+                rejected = len(request.spec_token_ids) - (len(tokens) - 1)
+                request.num_computed_tokens -= rejected
+                request.spec_token_ids = []
+                if rejected:
+                    self.kv.trim(request, request.num_computed_tokens)
+            new_tokens = []
+            token_logprobs = logprobs[idx] if logprobs else None
+            for j, token in enumerate(tokens):
+                request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
+                new_tokens.append(token)
+                if self._check_stop(request, token):
+                    break
+            if request.is_finished:
+                self._finish(request, now)
+            updates.append((request, new_tokens))
+        return updates
+
+    def _check_stop(self, request: Request, token: int) -> bool:
+        params = request.sampling_params
+        if not params.ignore_eos and token in request.eos_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+        elif token in params.stop_token_ids:
+            request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, token
+        elif params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+        elif request.num_tokens >= self.config.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH
+        return request.is_finished
+
+    def _finish(self, request: Request, now: float) -> None:
+        request.finish_time = now
+        if request in self.running:
+            self.running.remove(request)
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+        self._finished_ids.append(request.request_id)
+
+    def finish_with_status(self, request: Request, status: RequestStatus) -> None:
+        """End a request from outside the step (abort, stop string)."""
+        request.status = status
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self._finish(request, self.clock())
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self.finish_with_status(request, RequestStatus.FINISHED_ABORTED)
+        return request

@@ -1,0 +1,85 @@
+"""A request's state as the scheduler and model runner see it."""
+import enum
+import time
+
+from testbed.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"        # EOS or a stop token / string
+    FINISHED_LENGTH = "length"       # max_tokens or the model's context
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+class Request:
+    """Prompt + output tokens and how many of them have KV in the cache (`num_computed_tokens`).
+
+    Every scheduling decision is "compute the next n tokens of this request": prefill chunks,
+    decode, prefix hits (start past the cached length) and recompute preemption (reset to 0).
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 arrival_time: float | None = None, priority: int = 0, eos_token_ids=()):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.seq_no = 0                        # admission order, set by the scheduler (tie-breaker)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.spec_token_ids: list[int] = []   # proposed, not yet verified (speculative decoding)
+        self.output_logprobs: list[float] = []
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1            # prefix-cache hit at first scheduling; -1 = not yet scheduled
+        self.num_preemptions = 0
+        self.block_hashes: list[int] = []      # chained hashes of full blocks, grown lazily
+        # timestamps on the engine clock (time.monotonic unless the engine is given another clock)
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.token_times: list[float] = []
+        self.finish_time: float | None = None
+        self.stop_reason: int | str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token(self, token_id: int, logprob: float | None, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if logprob is not None:
+            self.output_logprobs.append(logprob)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.token_times.append(now)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+                f"computed={self.num_computed_tokens}, {self.status.value})")
