@@ -44,11 +44,11 @@ def test_decode(benchmark, impl):
     scale = HEAD_DIM ** -0.5
     if impl == "triton":
         from kernels.triton_paged_decode import paged_decode
-        fn = lambda: paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, max_seq_len=ctx)  # noqa: E731
+        fn = lambda: paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, max_seq_len=ctx)
     else:
         meta = AttentionMetadata(torch.zeros(seqs, dtype=torch.int64, device=DEV),
                                  torch.arange(seqs + 1, dtype=torch.int32, device=DEV), seq_lens, tables, 1, ctx)
-        fn = lambda: KernelBackend()._decode(q, k_cache, v_cache, meta, scale)  # noqa: E731
+        fn = lambda: KernelBackend()._decode(q, k_cache, v_cache, meta, scale)
     timed(benchmark, fn)
 
 
@@ -111,7 +111,7 @@ def test_rotary(benchmark, impl):
     positions = torch.randint(0, 8192, (tokens,), device=DEV)
     if impl == "triton":
         from kernels.triton_rotary import rotary
-        fn = lambda: rotary(positions, q, k, cache, inplace=True)  # noqa: E731
+        fn = lambda: rotary(positions, q, k, cache, inplace=True)
     else:
-        fn = lambda: reference.rotary_ref(positions, q, k, cache)  # noqa: E731
+        fn = lambda: reference.rotary_ref(positions, q, k, cache)
     timed(benchmark, fn)

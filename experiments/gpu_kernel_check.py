@@ -75,10 +75,10 @@ def check_decode(model, cfg, env):
     auto = choose_num_splits(seqs, kvh, ctx, q.device)
     for splits in sorted({1, auto}):
         out = paged_decode(q, kc, vc, lens, tables, scale, max_seq_len=ctx, num_splits=splits)
-        ms = T(lambda: paged_decode(q, kc, vc, lens, tables, scale, max_seq_len=ctx, num_splits=splits))
+        ms = T(lambda s=splits: paged_decode(q, kc, vc, lens, tables, scale, max_seq_len=ctx, num_splits=s))
         kv_bytes = 2 * seqs * ctx * kvh * hd * kc.element_size()
-        rows.append(dict(kernel="decode", config=f"{model[0]} b{seqs} ctx{ctx} bs{bs} split{splits}",
-                         err=rel_err(out, ref), ms=ms, gbps=kv_bytes / ms / 1e6))
+        rows.append({"kernel": "decode", "config": f"{model[0]} b{seqs} ctx{ctx} bs{bs} split{splits}",
+                     "err": rel_err(out, ref), "ms": ms, "gbps": kv_bytes / ms / 1e6})
     kd, vd = contiguous_kv(kc, tables, ctx), contiguous_kv(vc, tables, ctx)
     qd = q.unsqueeze(2)  # [b, h, 1, d]
     base = T(lambda: F.scaled_dot_product_attention(qd, kd, vd, scale=scale, enable_gqa=True))
@@ -106,8 +106,8 @@ def check_prefill(model, cfg, env):
     mask = torch.arange(ctx, device=dev)[None, :] <= torch.arange(prefix, ctx, device=dev)[:, None]
     base = T(lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=None if prefix == 0 else mask,
                                                     is_causal=prefix == 0, scale=hd ** -0.5, enable_gqa=True))
-    return [dict(kernel="prefill", config=f"{model[0]} b{seqs} q{qlen} prefix{prefix} bs{bs}", err=err, ms=ms,
-                 baseline="sdpa(contiguous)", base_ms=base)]
+    return [{"kernel": "prefill", "config": f"{model[0]} b{seqs} q{qlen} prefix{prefix} bs{bs}",
+             "err": err, "ms": ms, "baseline": "sdpa(contiguous)", "base_ms": base}]
 
 
 def check_layer_ops(model, tokens, env):
@@ -141,8 +141,8 @@ def check_layer_ops(model, tokens, env):
         ("rotary", max(rel_err(a, b) for a, b in zip(rotary(pos, q, k, cos_sin), R.rotary_ref(pos, q, k, cos_sin))),
          lambda: rotary(pos, q, k, cos_sin), lambda: R.rotary_ref(pos, q, k, cos_sin)),
     ]
-    return [dict(kernel=kname, config=f"{name} t{tokens}", err=err, ms=T(fn), baseline="torch ref", base_ms=T(ref))
-            for kname, err, fn, ref in cases]
+    return [{"kernel": kname, "config": f"{name} t{tokens}", "err": err, "ms": T(fn),
+             "baseline": "torch ref", "base_ms": T(ref)} for kname, err, fn, ref in cases]
 
 
 def copy_bandwidth_gbps(env, nbytes):
@@ -163,7 +163,7 @@ def main():
                  "(For a CPU dry run: TRITON_INTERPRET=1 ... --smoke)")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     flush = torch.empty(256 * 2**20 if dev == "cuda" else 1, dtype=torch.int8, device=dev)
-    env = dict(dev=dev, dt=torch.bfloat16, timer=lambda fn, iters=a.iters: timer(fn, iters, flush))
+    env = {"dev": dev, "dt": torch.bfloat16, "timer": lambda fn, iters=a.iters: timer(fn, iters, flush)}
     torch.manual_seed(0)
     copy_bw = copy_bandwidth_gbps(env, 2**30 if dev == "cuda" else 2**20)
     rows = []
@@ -185,8 +185,8 @@ def main():
         bw = f"{r['gbps']:.0f} GB/s ({r['pct_copy_bw']:.0f}% of copy)" if "gbps" in r else ""
         print(f"{r['kernel']:<13} {r['config']:<40} {r['err']:8.1e} {'y' if r['ok'] else 'N':>3} "
               f"{r['ms']:9.3f} {r['base_ms']:9.3f} {r['speedup']:6.2f}  {bw}")
-    meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", torch=torch.__version__,
-                triton=__import__("triton").__version__, copy_bw_gbps=copy_bw, tolerance=TOL, smoke=a.smoke)
+    meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "copy_bw_gbps": copy_bw, "tolerance": TOL, "smoke": a.smoke}
     os.makedirs(os.path.dirname(os.path.abspath(a.out_json)), exist_ok=True)
     with open(a.out_json, "w") as f:
         json.dump(dict(meta, results=rows), f, indent=1)

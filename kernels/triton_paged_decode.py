@@ -7,6 +7,8 @@ up in the block table, so any power-of-two block size works and tl.dot always se
 Split-KV (flash-decoding): long contexts are cut into NUM_SPLITS chunks computed in parallel, each
 writing an unnormalised partial output plus its running max / sum; a reduce kernel merges them.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -98,6 +100,7 @@ def _reduce_kernel(out_ptr, part_ptr, m_ptr, l_ptr, stride_ot, stride_oh,
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+@functools.lru_cache(maxsize=None)
 def _target_programs(device: torch.device) -> int:
     if device.type == "cuda":
         return 2 * torch.cuda.get_device_properties(device).multi_processor_count

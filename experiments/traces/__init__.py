@@ -7,8 +7,10 @@
 Formats: azure, mooncake, burstgpt, sharegpt (needs tokenizer), synthetic. Options shared by
 all are documented in common.COMMON_DEFAULTS; each module documents its own.
 """
+
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from . import azure, burstgpt, mooncake, sharegpt, synthetic
@@ -35,11 +37,28 @@ def load_trace(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) ->
         raise TraceError(f"trace config must be a mapping, got {type(cfg).__name__}", "trace config")
     name = cfg.get("name")
     if name not in LOADERS:
-        raise TraceError(f"unknown trace format {name!r}; one of {sorted(LOADERS)}", "trace config", field="name")
-    if not isinstance(vocab_size, int) or not isinstance(max_model_len, int):
-        raise TraceError("vocab_size and max_model_len must be integers", "trace config")
-    return LOADERS[name](cfg, vocab_size=vocab_size, max_model_len=max_model_len, tokenizer=tokenizer)
+        raise TraceError(
+            f"unknown trace format {name!r}; one of {sorted(LOADERS)}", "trace config", field="name"
+        )
+    if not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (vocab_size, max_model_len)
+    ):
+        raise TraceError(
+            f"vocab_size and max_model_len must be integers, got {vocab_size!r}, {max_model_len!r}",
+            "trace config",
+        )
+    return LOADERS[name](
+        cfg, vocab_size=int(vocab_size), max_model_len=int(max_model_len), tokenizer=tokenizer
+    )
 
 
-__all__ = ["load_trace", "RequestSpec", "Trace", "TraceError", "LOADERS", "COMMON_DEFAULTS",
-           "PROJECT_ROOT", "resolve_path"]
+__all__ = [
+    "load_trace",
+    "RequestSpec",
+    "Trace",
+    "TraceError",
+    "LOADERS",
+    "COMMON_DEFAULTS",
+    "PROJECT_ROOT",
+    "resolve_path",
+]

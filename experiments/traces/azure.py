@@ -3,6 +3,7 @@ TIMESTAMP (e.g. `2023-11-16 18:15:46.6805900`, 2024 adds `+00:00`), ContextToken
 
 Arrival = seconds since the first row. Prompts are synthesised (the trace holds lengths only).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,5 +40,4 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     output = numeric(df["GeneratedTokens"], "GeneratedTokens", path, integer=True)
     report: dict = {"rows_in_file": len(df)}
     rows = sorted_rows(arrival, prompt, output, np.arange(len(df)) + 2, report=report)
-    return finalize(rows, opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len,
-                    report=report)
+    return finalize(rows, opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report)

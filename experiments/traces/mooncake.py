@@ -3,6 +3,7 @@ timestamp (ms), input_length, output_length, hash_ids (ids of block_size-token p
 
 Equal hash ids get identical token blocks, so prefix caching sees the trace's real reuse.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,9 @@ def parse(path) -> tuple[list, list, list, list, list]:
             out.append(_field(rec, "output_length", path, line_no, integer=True))
             h = rec.get("hash_ids")
             if not isinstance(h, list) or not all(_is_int(x) for x in h):
-                raise TraceError(f"expected a list of integers, got {str(h)[:60]!r}", path, line_no, "hash_ids")
+                raise TraceError(
+                    f"expected a list of integers, got {str(h)[:60]!r}", path, line_no, "hash_ids"
+                )
             hashes.append(h)
             lines.append(line_no)
     if not lines:
@@ -74,8 +77,11 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     seed, low = opts["seed"], opts["token_low"]
     # Lengths that disagree with the number of ids are kept as given: missing blocks are filled
     # with per-request tokens, surplus ids ignored. Counted so the mismatch is visible.
-    report: dict = {"rows_in_file": len(lines), "block_size": bs,
-                    "hash_len_mismatch": sum(-(-n // bs) != len(h) for n, h in zip(inp, hashes))}
+    report: dict = {
+        "rows_in_file": len(lines),
+        "block_size": bs,
+        "hash_len_mismatch": sum(-(-n // bs) != len(h) for n, h in zip(inp, hashes)),
+    }
 
     def meta(i: int) -> dict:
         return {"hash_ids": hashes[i], "timestamp_ms": ts[i]}
@@ -86,7 +92,13 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         return lambda n: blocks.build(hashes[i], n, index=i)
 
     clock = np.asarray(ts, dtype=float) / 1000.0
-    rows = sorted_rows(clock - clock.min(), np.asarray(inp), np.asarray(out),
-                       np.asarray(lines), meta=meta, tokens=tokens, report=report)
-    return finalize(rows, opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len,
-                    report=report)
+    rows = sorted_rows(
+        clock - clock.min(),
+        np.asarray(inp),
+        np.asarray(out),
+        np.asarray(lines),
+        meta=meta,
+        tokens=tokens,
+        report=report,
+    )
+    return finalize(rows, opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report)

@@ -5,6 +5,7 @@ max_tokens = token count of the first gpt turn after it (or `output_len` if set)
 timestamps: arrivals are synthesised (gamma/Poisson at `rate` req/s, or all at 0 when rate is
 null). Conversations without a human turn or a reply are skipped and counted.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,28 +51,43 @@ def parse(path) -> tuple[list, int]:
         if not isinstance(conv, list):
             raise TraceError("expected an object with a 'conversations' list", path, where, "conversations")
         for t, turn in enumerate(conv):
-            if not (isinstance(turn, dict) and isinstance(turn.get("from"), str)
-                    and isinstance(turn.get("value"), str)):
+            if not (
+                isinstance(turn, dict)
+                and isinstance(turn.get("from"), str)
+                and isinstance(turn.get("value"), str)
+            ):
                 raise TraceError(f"turn {t} needs string 'from' and 'value'", path, where, "conversations")
         roles = [turn["from"].lower() for turn in conv]
         h = next((k for k, r in enumerate(roles) if r in HUMAN), None)
         g = None if h is None else next((k for k in range(h + 1, len(roles)) if roles[k] in GPT), None)
-        usable.append((i, entry.get("id"), None if h is None else conv[h]["value"],
-                       None if g is None else conv[g]["value"]))
+        usable.append(
+            (
+                i,
+                entry.get("id"),
+                None if h is None else conv[h]["value"],
+                None if g is None else conv[g]["value"],
+            )
+        )
     return usable, len(data)
 
 
 def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace:
     opts = options(cfg, DEFAULTS)
     if tokenizer is None:
-        raise TraceError("ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer")
+        raise TraceError(
+            "ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer"
+        )
     out_len = opts["output_len"]
     if out_len is not None and (not isinstance(out_len, int) or out_len < 1):
-        raise TraceError(f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len")
+        raise TraceError(
+            f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len"
+        )
     path = resolve_path(opts["path"])
     entries, n_entries = parse(path)
-    skipped = {"no_human_turn": sum(e[2] is None for e in entries),
-               "no_gpt_turn": sum(e[2] is not None and e[3] is None for e in entries)}
+    skipped = {
+        "no_human_turn": sum(e[2] is None for e in entries),
+        "no_gpt_turn": sum(e[2] is not None and e[3] is None for e in entries),
+    }
     entries = [e for e in entries if e[2] is not None and e[3] is not None]
     rng = np.random.default_rng(opts["seed"])
     if opts["shuffle"]:
@@ -80,16 +96,29 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         arrivals = arrival_times(rng, len(entries), opts["rate"], float(opts["burstiness"]))
     except (ValueError, TypeError) as e:
         raise TraceError(str(e), "trace config", field="rate") from None
-    report = {"rows_in_file": n_entries, "skipped": skipped, "rate": opts["rate"],
-              "burstiness": opts["burstiness"], "shuffle": opts["shuffle"]}
+    report = {
+        "rows_in_file": n_entries,
+        "skipped": skipped,
+        "rate": opts["rate"],
+        "burstiness": opts["burstiness"],
+        "shuffle": opts["shuffle"],
+    }
 
     def rows():
         # Lazy: tokenise only what selection reaches (ShareGPT dumps hold ~100k conversations).
         for k, ((i, cid, human, gpt), t) in enumerate(zip(entries, arrivals.tolist())):
             ids = _encode(tokenizer, human, True)
             o = out_len if out_len is not None else len(_encode(tokenizer, gpt, False))
-            yield Row(index=k, arrival_s=t, prompt_len=len(ids), output_len=o, line=f"entry {i}",
-                      meta={"id": cid, "entry": i}, tokens=lambda n, ids=ids: ids[:n])
+            yield Row(
+                index=k,
+                arrival_s=t,
+                prompt_len=len(ids),
+                output_len=o,
+                line=f"entry {i}",
+                meta={"id": cid, "entry": i},
+                tokens=lambda n, ids=ids: ids[:n],
+            )
 
-    return finalize(rows(), opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len,
-                    report=report)
+    return finalize(
+        rows(), opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report
+    )

@@ -1,4 +1,5 @@
 """Request and trace result types shared by every trace loader."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -4,6 +4,7 @@ Token ids come from a counter-based hash (splitmix64) of (seed, domain, key, pos
 than a stateful RNG: a request's prompt then depends only on its own key (row index, Mooncake
 hash id, prefix group), never on which other rows were selected, and it vectorises in numpy.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -22,27 +23,44 @@ DOMAIN_PREFIX = 3
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    # uint64 array arithmetic wraps silently, which is what splitmix64 wants.
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(_M1)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(_M2)
-    return x ^ (x >> np.uint64(31))
+    """splitmix64 finaliser, in place on a fresh uint64 array (tens of millions of tokens:
+    temporaries matter). uint64 array arithmetic wraps silently, as wanted."""
+    t = np.empty_like(x)
+    for shift, mul in ((30, _M1), (27, _M2)):
+        np.right_shift(x, np.uint64(shift), out=t)
+        x ^= t
+        x *= np.uint64(mul)
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
+    return x
 
 
-def hashed_tokens(seed: int, domain: int, keys, positions, vocab_size: int, low: int) -> np.ndarray:
-    """Token ids in [low, vocab_size), a pure function of (seed, domain, key, position)."""
+def hashed_tokens(
+    seed: int, domain: int, keys, positions, vocab_size: int, low: int, repeats=None
+) -> np.ndarray:
+    """Token ids in [low, vocab_size), a pure function of (seed, domain, key, position).
+
+    With `repeats`, key j covers the next repeats[j] positions (the key hash is then computed
+    once per key instead of once per token).
+    """
     base = np.uint64(((int(seed) & MASK) * _G + domain * _M2) & MASK)
-    k = np.asarray(keys, dtype=np.int64).astype(np.uint64)
-    p = np.asarray(positions, dtype=np.int64).astype(np.uint64)
-    x = _mix(_mix(base ^ (k * np.uint64(_G))) + p * np.uint64(_M1))
-    return (x % np.uint64(vocab_size - low)).astype(np.int64) + low
+    k = np.asarray(keys, dtype=np.int64).view(np.uint64)
+    kh = _mix(base ^ (k * np.uint64(_G)))
+    if repeats is not None:
+        kh = np.repeat(kh, repeats)
+    x = _mix(kh + np.asarray(positions, dtype=np.int64).view(np.uint64) * np.uint64(_M1))
+    # Lemire's multiply-shift maps the high 32 bits onto [0, span) without a slow modulo.
+    x = ((x >> np.uint64(32)) * np.uint64(vocab_size - low)) >> np.uint64(32)
+    out = x.view(np.int64)
+    out += low
+    return out
 
 
 def request_tokens(seed: int, index: int, n: int, vocab_size: int, low: int, start: int = 0) -> np.ndarray:
     """Random-looking prompt tokens owned by one request (no sharing with other requests)."""
-    pos = np.arange(start, start + n)
-    return hashed_tokens(seed, DOMAIN_REQUEST, np.full(n, index), pos, vocab_size, low)
+    return hashed_tokens(
+        seed, DOMAIN_REQUEST, [index], np.arange(start, start + n), vocab_size, low, repeats=n
+    )
 
 
 @lru_cache(maxsize=4)
@@ -74,11 +92,11 @@ class BlockTokens:
         need = list(hash_ids[: -(-n // bs)])
         missing = [h for h in dict.fromkeys(need) if h not in self.cache]
         if missing:  # one vectorised call per request, not per block
-            keys = np.repeat(np.asarray(missing, dtype=np.int64), bs)
             pos = np.tile(np.arange(bs), len(missing))
-            flat = id_list(hashed_tokens(self.seed, DOMAIN_BLOCK, keys, pos, self.vocab, self.low), self.vocab)
+            ids = hashed_tokens(self.seed, DOMAIN_BLOCK, missing, pos, self.vocab, self.low, repeats=bs)
+            flat = id_list(ids, self.vocab)
             for j, h in enumerate(missing):
-                self.cache[h] = flat[j * bs:(j + 1) * bs]
+                self.cache[h] = flat[j * bs : (j + 1) * bs]
         out: list[int] = []
         for h in need:
             out.extend(self.cache[h])
@@ -91,7 +109,7 @@ class BlockTokens:
 
 def prefix_tokens(seed: int, group: int, n: int, vocab_size: int, low: int) -> np.ndarray:
     """A shared system prompt: identical for every request of the group."""
-    return hashed_tokens(seed, DOMAIN_PREFIX, np.full(n, group), np.arange(n), vocab_size, low)
+    return hashed_tokens(seed, DOMAIN_PREFIX, [group], np.arange(n), vocab_size, low, repeats=n)
 
 
 def inter_arrivals(rng: np.random.Generator, n: int, rate, burstiness: float = 1.0) -> np.ndarray:
@@ -112,8 +130,9 @@ def arrival_times(rng: np.random.Generator, n: int, rate, burstiness: float = 1.
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else np.zeros(0)
 
 
-def batch_request_tokens(seed: int, indices, lengths, vocab_size: int, low: int,
-                         chunk_tokens: int = 1 << 22) -> list[list[int]]:
+def batch_request_tokens(
+    seed: int, indices, lengths, vocab_size: int, low: int, chunk_tokens: int = 1 << 22
+) -> list[list[int]]:
     """request_tokens for many requests in few numpy calls (per-request calls dominate otherwise)."""
     out: list[list[int]] = []
     idx, lens = np.asarray(indices, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
@@ -125,7 +144,8 @@ def batch_request_tokens(seed: int, indices, lengths, vocab_size: int, low: int,
         ends = np.cumsum(ln)
         pos = np.arange(ends[-1]) - np.repeat(ends - ln, ln)
         flat = _int_objects(vocab_size)[
-            hashed_tokens(seed, DOMAIN_REQUEST, np.repeat(idx[j:k], ln), pos, vocab_size, low)]
+            hashed_tokens(seed, DOMAIN_REQUEST, idx[j:k], pos, vocab_size, low, repeats=ln)
+        ]
         out.extend(a.tolist() for a in np.split(flat, ends[:-1]))
         j = k
     return out

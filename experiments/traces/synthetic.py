@@ -6,6 +6,7 @@ any of them may add min / max clamps (min defaults to 1).
 With prefix_groups > 0 each request gets one of that many shared system prompts of prefix_len
 tokens in front of its own prompt_len tokens (total prompt = prefix_len + prompt_len).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,15 +20,19 @@ from .synth import arrival_times, id_list, prefix_tokens, request_tokens
 
 DEFAULTS = {
     "num_requests": 1000,
-    "rate": 10.0,          # req/s; null = all at t=0
-    "burstiness": 1.0,     # gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier
+    "rate": 10.0,  # req/s; null = all at t=0
+    "burstiness": 1.0,  # gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier
     "prompt_len": {"dist": "fixed", "value": 512},
     "output_len": {"dist": "fixed", "value": 128},
     "prefix_groups": 0,
     "prefix_len": 0,
 }
-PARAMS = {"fixed": {"value"}, "uniform": {"low", "high"}, "lognormal": {"mean", "median", "sigma"},
-          "zipf": {"a", "low", "high"}}
+PARAMS = {
+    "fixed": {"value"},
+    "uniform": {"low", "high"},
+    "lognormal": {"mean", "median", "sigma"},
+    "zipf": {"a", "low", "high"},
+}
 
 
 def _bad(key: str, msg: str) -> TraceError:
@@ -64,7 +69,7 @@ def sample_lengths(spec: Any, n: int, rng: np.random.Generator, name: str) -> np
         centre = _num(spec, "mean" if "mean" in spec else "median", name)
         if centre <= 0:
             raise _bad(name, f"mean/median must be > 0, got {centre}")
-        mu = math.log(centre) - (sigma ** 2 / 2 if "mean" in spec else 0.0)
+        mu = math.log(centre) - (sigma**2 / 2 if "mean" in spec else 0.0)
         x = np.rint(rng.lognormal(mu, sigma, size=n))
     else:
         a, lo, hi = _num(spec, "a", name), int(_num(spec, "low", name)), int(_num(spec, "high", name))
@@ -109,23 +114,38 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     def tokens(i: int, g: int):
         if g < 0:
             return None  # own tokens only: finalize batches these
+
         def build(k: int) -> list[int]:
             if g not in prefixes:
                 prefixes[g] = id_list(prefix_tokens(seed, g, plen, vocab_size, low), vocab_size)
             head = prefixes[g][:k]
             tail = request_tokens(seed, i, k - len(head), vocab_size, low, start=len(head))
             return head + id_list(tail, vocab_size)
+
         return build
 
     def rows():
         for i in range(n):
             g = int(group[i])
-            yield Row(index=i, arrival_s=float(arrivals[i]), prompt_len=int(own[i]) + (plen if g >= 0 else 0),
-                      output_len=int(out[i]), line=f"request {i}", meta={"group": g, "own_prompt_len": int(own[i])},
-                      tokens=tokens(i, g))
+            yield Row(
+                index=i,
+                arrival_s=float(arrivals[i]),
+                prompt_len=int(own[i]) + (plen if g >= 0 else 0),
+                output_len=int(out[i]),
+                line=f"request {i}",
+                meta={"group": g, "own_prompt_len": int(own[i])},
+                tokens=tokens(i, g),
+            )
 
-    report = {"num_requests": n, "rate": opts["rate"], "burstiness": opts["burstiness"],
-              "prompt_len": opts["prompt_len"], "output_len": opts["output_len"],
-              "prefix_groups": groups, "prefix_len": plen}
-    return finalize(rows(), opts, path=None, vocab_size=vocab_size, max_model_len=max_model_len,
-                    report=report)
+    report = {
+        "num_requests": n,
+        "rate": opts["rate"],
+        "burstiness": opts["burstiness"],
+        "prompt_len": opts["prompt_len"],
+        "output_len": opts["output_len"],
+        "prefix_groups": groups,
+        "prefix_len": plen,
+    }
+    return finalize(
+        rows(), opts, path=None, vocab_size=vocab_size, max_model_len=max_model_len, report=report
+    )

@@ -1,4 +1,5 @@
 """CSV/array helpers for the length-only formats (Azure, BurstGPT, Mooncake)."""
+
 from __future__ import annotations
 
 import warnings
@@ -52,10 +53,15 @@ def numeric(values: Any, col: str, path: Path, *, integer: bool, line_offset: in
     return nums.astype(np.int64) if integer else nums
 
 
-def sorted_rows(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, lines: np.ndarray,
-                meta: Callable[[int], dict] | None = None,
-                tokens: Callable[[int], Callable[[int], Any]] | None = None,
-                report: dict | None = None) -> Iterator[Row]:
+def sorted_rows(
+    arrival: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    lines: np.ndarray,
+    meta: Callable[[int], dict] | None = None,
+    tokens: Callable[[int], Callable[[int], Any]] | None = None,
+    report: dict | None = None,
+) -> Iterator[Row]:
     """Rows stably sorted by arrival (already on the trace clock: seconds since the file's start).
 
     meta(i) / tokens(i) receive the original (file-order) position i; Row.index is the sorted
@@ -65,6 +71,12 @@ def sorted_rows(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, lin
         report["rows_out_of_order"] = int((np.diff(arrival) < 0).sum()) if len(arrival) > 1 else 0
     order = np.argsort(arrival, kind="stable")
     for k, i in enumerate(order.tolist()):
-        yield Row(index=k, arrival_s=float(arrival[i]), prompt_len=int(prompt[i]),
-                  output_len=int(output[i]), line=int(lines[i]),
-                  meta=meta(i) if meta else {}, tokens=tokens(i) if tokens else None)
+        yield Row(
+            index=k,
+            arrival_s=float(arrival[i]),
+            prompt_len=int(prompt[i]),
+            output_len=int(output[i]),
+            line=int(lines[i]),
+            meta=meta(i) if meta else {},
+            tokens=tokens(i) if tokens else None,
+        )

@@ -7,7 +7,7 @@ if not torch.cuda.is_available():
     # must be set before any triton.jit decoration, i.e. before kernels/triton_* are imported
     os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
+import pytest
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # max |out - ref| / max |ref|; the interpreter truncates fp32 -> bf16 (GPU rounds), hence bf16's margin

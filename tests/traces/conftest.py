@@ -1,4 +1,5 @@
 """Shared fixtures for the trace loader tests (no __init__.py: pytest imports this per dir)."""
+
 import zlib
 from pathlib import Path
 
@@ -39,8 +40,10 @@ def shared():
 @pytest.fixture
 def write(tmp_path):
     """write(name, text) -> path of a temp file with that content."""
+
     def _write(name, text):
         p = tmp_path / name
         p.write_text(text, encoding="utf-8")
         return p
+
     return _write

@@ -1,4 +1,5 @@
 """Azure LLM inference trace loader: own fixtures, shipped sample, real file when present."""
+
 import pandas as pd
 import pytest
 
@@ -8,8 +9,7 @@ V, M = 32000, 16384
 
 
 def load(path, **kw):
-    return load_trace({"name": "azure", "path": str(path), **kw}, vocab_size=kw.pop("V", V),
-                      max_model_len=M)
+    return load_trace({"name": "azure", "path": str(path), **kw}, vocab_size=V, max_model_len=M)
 
 
 def test_fixture_counts_lengths_arrivals(fixtures):
@@ -80,15 +80,21 @@ def test_start_and_max_requests(fixtures):
     assert raw[0].arrival_s == pytest.approx(4.541877)
 
 
-@pytest.mark.parametrize("text, line, field", [
-    ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", 1, "GeneratedTokens"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:47,x,4\n",
-     3, "ContextTokens"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,-4\n", 2, "GeneratedTokens"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3.5,4\n", 2, "ContextTokens"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\nyesterday,3,4\n", 3, "TIMESTAMP"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,\n", 2, "GeneratedTokens"),
-])
+@pytest.mark.parametrize(
+    "text, line, field",
+    [
+        ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", 1, "GeneratedTokens"),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:47,x,4\n",
+            3,
+            "ContextTokens",
+        ),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,-4\n", 2, "GeneratedTokens"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3.5,4\n", 2, "ContextTokens"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\nyesterday,3,4\n", 3, "TIMESTAMP"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,\n", 2, "GeneratedTokens"),
+    ],
+)
 def test_bad_rows_name_file_line_field(write, text, line, field):
     p = write("bad.csv", text)
     with pytest.raises(TraceError) as e:
@@ -97,11 +103,14 @@ def test_bad_rows_name_file_line_field(write, text, line, field):
     assert str(p) in str(e.value) and f"line {line}" in str(e.value) and field in str(e.value)
 
 
-@pytest.mark.parametrize("text, msg", [
-    ("", "empty file"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no data rows"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4,9,9\n", "malformed CSV"),
-])
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("", "empty file"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no data rows"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4,9,9\n", "malformed CSV"),
+    ],
+)
 def test_empty_or_malformed_file(write, text, msg):
     with pytest.raises(TraceError, match=msg):
         load(write("bad.csv", text))

@@ -1,0 +1,27 @@
+"""Map a Hydra config onto the engine's EngineConfig (the one place that knows both shapes)."""
+from omegaconf import DictConfig, OmegaConf
+
+from testbed.config import EngineConfig
+
+
+def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
+    sched, cache = cfg.scheduler, cfg.cache
+    options = OmegaConf.to_container(sched.options, resolve=True) if sched.get("options") else {}
+    return EngineConfig(
+        model=cfg.model.name,
+        kernel=cfg.kernel.name,
+        scheduler=sched.name,
+        scheduler_options=options,
+        block_size=cache.block_size,
+        num_blocks=cache.num_blocks,
+        kv_cache_memory_gb=cache.memory_gb,
+        gpu_memory_utilization=cache.gpu_memory_utilization,
+        enable_prefix_caching=cache.prefix_caching,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_num_seqs=sched.max_num_seqs,
+        enable_chunked_prefill=sched.enable_chunked_prefill,
+        max_model_len=cfg.max_model_len,
+        dtype=cfg.dtype,
+        device=cfg.device,
+        seed=cfg.seed,
+    )
