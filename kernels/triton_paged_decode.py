@@ -100,7 +100,7 @@ def _reduce_kernel(out_ptr, part_ptr, m_ptr, l_ptr, stride_ot, stride_oh,
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target_programs(device: torch.device) -> int:
     if device.type == "cuda":
         return 2 * torch.cuda.get_device_properties(device).multi_processor_count

@@ -91,6 +91,9 @@ class Engine:
         if bad:
             raise ValueError(f"request {request_id}: token id {bad[0]} outside the vocabulary "
                              f"[0, {self.arch.vocab_size})")
+        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise ValueError(f"request {request_id}: prompt of {n} tokens exceeds max_num_batched_tokens="
+                             f"{self.config.max_num_batched_tokens} and chunked prefill is off")
         final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
         need = self.kv.blocks_needed(final_len)
         if need > self.kv.num_blocks:
