@@ -4,6 +4,9 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Triton kernels run on the CPU through the interpreter; it must be chosen before triton is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.manual_seed(0)
 
 SHARED_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces")
