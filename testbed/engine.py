@@ -123,6 +123,10 @@ class Engine:
         start = self.clock()
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if self.scheduler.num_running == 0 and self.scheduler.num_waiting:
+                # validation guarantees any single request fits: an empty step here is a scheduler bug
+                raise RuntimeError(f"scheduler stalled with {self.scheduler.num_waiting} waiting requests "
+                                   f"and {self.kv.pool.num_free_blocks} free blocks")
             return []
         result = self.executor.execute(sched)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
