@@ -1,4 +1,5 @@
 """Entry point: `python run.py [overrides]` assembles the engine from conf/ and runs the chosen mode."""
+import sys
 from pathlib import Path
 
 import hydra
@@ -12,10 +13,24 @@ def main(cfg: DictConfig) -> dict:
     from testbed import Engine
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    # mode=null: replay when a trace is given (trace=azure ...), else the built-in offline prompt set
+    mode = cfg.mode or ("replay" if cfg.get("trace") else "offline")
+    if mode not in ("offline", "replay", "serve"):
+        raise ValueError(f"unknown mode {cfg.mode!r}; one of offline, replay, serve")
     engine = Engine(engine_config_from_cfg(cfg))
-    if cfg.mode == "offline":
-        from experiments.offline import run_offline
-        return run_offline(engine, cfg.workload, out_dir)
+    if mode in ("offline", "replay"):
+        try:
+            if mode == "replay":
+                from experiments.runner import run_trace
+                return run_trace(cfg, out_dir, engine)
+            from experiments.offline import run_offline
+            return run_offline(engine, cfg.workload, out_dir, cfg)
+        except KeyboardInterrupt:   # the runner has written what it measured (summary: interrupted)
+            print(f"interrupted: partial results in {out_dir}", file=sys.stderr)
+            sys.exit(130)
+    if mode == "serve":
+        from testbed.server import serve
+        return serve(engine, cfg.server)
     raise ValueError(f"unknown mode {cfg.mode!r}")
 
 

@@ -12,6 +12,11 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         kernel=cfg.kernel.name,
         scheduler=sched.name,
         scheduler_options=options,
+        cache=cache.get("name", "paged"),
+        eviction=cache.get("eviction", "lru"),
+        preemption_mode=cache.get("preemption_mode", "recompute"),
+        swap_space_gb=cache.get("swap_space_gb", 1.0),
+        num_cpu_blocks=cache.get("num_cpu_blocks", None),
         block_size=cache.block_size,
         num_blocks=cache.num_blocks,
         kv_cache_memory_gb=cache.memory_gb,
@@ -24,4 +29,12 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         dtype=cfg.dtype,
         device=cfg.device,
         seed=cfg.seed,
+        speculative_config=_spec_config(cfg),
     )
+
+
+def _spec_config(cfg: DictConfig) -> dict | None:
+    spec = cfg.get("spec")
+    if not spec or spec.get("method", "none") == "none":
+        return None
+    return OmegaConf.to_container(spec, resolve=True)

@@ -1,15 +1,18 @@
 """The default experiment: a small built-in prompt set through the engine, offline, with a summary.
 
-The trace runner (experiments.runner) is the full version; this is the smallest real run.
+It goes through the trace runner (experiments.runner): the same results files, summary and console table
+as a trace replay, plus samples.json with the answers.
 """
 import json
-import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
 from rich.console import Console
-from rich.table import Table
 
-from testbed import Engine, SamplingParams
+from experiments.recorder import Recorder
+from experiments.runner import replay_specs
+from experiments.traces import RequestSpec
+from testbed import Engine
 
 # Real questions of varied length; the shared preamble gives the prefix cache something to find.
 PREAMBLE = "You are a helpful assistant. Keep answers short and concrete."
@@ -40,61 +43,20 @@ def build_prompts(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-def run_offline(engine: Engine, workload, out_dir: Path) -> dict:
+def run_offline(engine: Engine, workload, out_dir: Path, cfg=None) -> dict:
+    """The built-in prompt set, all at t=0, through the trace runner (same results files and summary)."""
     if engine.tokenizer is None:
         raise ValueError(f"the default workload needs a tokenizer; model {engine.model_name!r} has none "
                          f"(use a trace with token ids instead)")
     prompts = build_prompts(engine.tokenizer, workload.num_prompts)
-    params = SamplingParams(temperature=workload.temperature, max_tokens=workload.max_tokens, seed=0)
-    start = engine.clock()
-    for i, ids in enumerate(prompts):
-        engine.add_request(str(i), ids, params, arrival_time=start)
-    finished = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
-    duration = engine.clock() - start
-    outs = [finished[str(i)] for i in range(len(prompts))]
-    ttfts = sorted(o.metrics.first_token_time - o.metrics.arrival_time for o in outs)
-    n_in = sum(len(p) for p in prompts)
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    summary = {
-        "completed": len(outs),
-        "total_input_tokens": n_in,
-        "total_output_tokens": n_out,
-        "duration": duration,
-        "output_throughput": n_out / duration,
-        "total_token_throughput": (n_in + n_out) / duration,
-        "mean_ttft_ms": 1e3 * sum(ttfts) / len(ttfts),
-        "median_ttft_ms": 1e3 * ttfts[len(ttfts) // 2],
-        "prefix_hit_rate": engine.kv.prefix_hit_rate,
-        "num_preemptions": engine.scheduler.num_preemptions,
-        "num_steps": engine.step_count,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "samples.json").write_text(json.dumps(
-        [{"question": QUESTIONS[i % len(QUESTIONS)], "answer": o.outputs[0].text} for i, o in enumerate(outs)],
-        indent=2))
-    print_summary(summary, engine, outs[0].outputs[0].text, out_dir)
+    specs = [RequestSpec(str(i), 0.0, ids, workload.max_tokens, ignore_eos=False,
+                         meta={"line": f"prompt {i}", "question": QUESTIONS[i % len(QUESTIONS)]})
+             for i, ids in enumerate(prompts)]
+    cfg = cfg if cfg is not None else OmegaConf.create({"experiment": "default", "replay": {"name": "offline"}})
+    recorder = Recorder(keep_text=True)
+    summary = replay_specs(cfg, out_dir, engine, specs, temperature=workload.temperature, recorder=recorder,
+                           trace_report={"format": "builtin_prompts", "requests": len(specs)})
+    samples = [{"question": s.meta["question"], "answer": recorder.texts.get(s.request_id, "")} for s in specs]
+    (Path(out_dir) / "samples.json").write_text(json.dumps(samples, indent=2))
+    Console().print(f"first answer: {samples[0]['answer'][:200]!r}")
     return summary
-
-
-def print_summary(summary: dict, engine: Engine, sample: str, out_dir: Path) -> None:
-    table = Table(title=f"{engine.model_name} | kernel={engine.config.kernel} | scheduler={engine.config.scheduler}"
-                        f" | block_size={engine.config.block_size} | device={engine.device}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [("requests", f"{summary['completed']}"), ("input tokens", f"{summary['total_input_tokens']}"),
-            ("output tokens", f"{summary['total_output_tokens']}"), ("duration", f"{summary['duration']:.2f} s"),
-            ("output tok/s", f"{summary['output_throughput']:.1f}"),
-            ("total tok/s", f"{summary['total_token_throughput']:.1f}"),
-            ("mean TTFT", f"{summary['mean_ttft_ms']:.0f} ms"), ("median TTFT", f"{summary['median_ttft_ms']:.0f} ms"),
-            ("prefix-hit rate", f"{summary['prefix_hit_rate']:.1%}"), ("preemptions", f"{summary['num_preemptions']}")]
-    for row in rows:
-        table.add_row(*row)
-    console = Console()
-    console.print(table)
-    console.print(f"first answer: {sample[:200]!r}")
-    console.print(f"results: {out_dir}")

@@ -6,6 +6,9 @@ The KV tile (BLOCK_N tokens) is independent of the cache block size: each token'
 up in the block table, so any power-of-two block size works and tl.dot always sees >= 16 rows.
 Split-KV (flash-decoding): long contexts are cut into NUM_SPLITS chunks computed in parallel, each
 writing an unnormalised partial output plus its running max / sum; a reduce kernel merges them.
+Each sequence's chunk length is computed in the kernel from its own length, so no host-side bound on
+the lengths is baked into a launch: with a fixed split count the launch is CUDA-graph safe (the
+partials are allocated per call, which inside a capture comes from the graph's private pool).
 """
 import functools
 
@@ -22,7 +25,7 @@ MAX_SPLITS = 32
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, m_ptr, l_ptr, seq_lens_ptr, bt_ptr,
-                   qk_scale, split_len,
+                   qk_scale,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -32,8 +35,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, m_ptr, l_ptr, seq_len
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
+    if NUM_SPLITS == 1:
+        lo = 0
+        hi = seq_len
+    else:
+        # this sequence's chunk: ceil(seq_len / NUM_SPLITS) rounded up to whole KV tiles
+        split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * split_len
+        hi = tl.minimum(lo + split_len, seq_len)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -123,7 +132,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """q: [num_seqs, num_heads, head_dim] -> [num_seqs, num_heads, head_dim] in q's dtype.
 
     num_splits: None = automatic by context length, 1 = no split-KV, >1 forces that many splits.
-    max_seq_len: host-side upper bound on seq_lens (avoids a device sync); must hold when splitting.
+    max_seq_len: host-side upper bound on seq_lens (avoids a device sync); only picks the automatic split
+        count (chunks are sized per sequence in the kernel), so any bound, e.g. max_model_len, is correct.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -140,8 +150,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, q.device)
     block_n = block_n or (64 if head_dim <= 128 else 32)
-    # unsplit: no bound at all, so a stale max_seq_len cannot truncate a context
-    split_len = 2**30 if num_splits == 1 else triton.cdiv(triton.cdiv(max_seq_len, num_splits), block_n) * block_n
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
         part = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -151,7 +159,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         part = m = l = out  # unused placeholders
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part, m, l, seq_lens, block_tables,
-        scale * LOG2E, split_len,
+        scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

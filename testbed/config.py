@@ -8,6 +8,11 @@ class EngineConfig:
     kernel: str = "torch"                # attention/layer kernels: torch | triton
     scheduler: str = "fcfs"              # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)
+    cache: str = "paged"                 # KV allocator (testbed.core.allocators): paged | static_max | static_pow2 | static_oracle
+    eviction: str = "lru"                # prefix-cache eviction (testbed.core.eviction): lru | lfu
+    preemption_mode: str = "recompute"   # recompute | swap (KV blocks to a host pool and back)
+    swap_space_gb: float = 1.0           # host pool for swap preemption
+    num_cpu_blocks: int | None = None    # overrides swap_space_gb when set
     block_size: int = 16
     num_blocks: int | None = None        # None: sized from kv_cache_memory_gb (CPU) or free GPU memory
     kv_cache_memory_gb: float = 1.0
@@ -20,6 +25,10 @@ class EngineConfig:
     dtype: str | None = None             # None: float32 on CPU, bfloat16 on GPU
     device: str | None = None            # None: cuda if available
     seed: int = 0
+    speculative_config: dict | None = None   # vLLM's spelling: {"method": "ngram"|"draft"|"layerskip", ...}
+    enforce_eager: bool = False          # True: no CUDA graphs (decode graphs need CUDA and kernel=triton)
+    cuda_graph_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,16,...,max_num_seqs
+    executor: str = "model"              # model | null (no model: host-side cost measurement)
 
     def __post_init__(self):
         if not 1 <= self.block_size <= 1024:
@@ -28,8 +37,18 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 1:
+            raise ValueError(f"num_cpu_blocks must be >= 1, got {self.num_cpu_blocks}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.executor not in ("model", "null"):
+            raise ValueError(f"executor must be 'model' or 'null', got {self.executor!r}")
+        if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
+            raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}")
+        from testbed.spec.config import SpeculativeConfig
+        SpeculativeConfig.from_any(self.speculative_config)   # validate early
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

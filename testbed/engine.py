@@ -6,7 +6,9 @@ import torch
 
 from testbed.attention import get_backend
 from testbed.config import EngineConfig
-from testbed.core.kv_cache_manager import KVCacheManager, KVCacheStats
+from testbed.core.allocators import get_allocator
+from testbed.core.allocators.base import final_length
+from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerConfig
 from testbed.executor.model_runner import ModelRunner, allocate_kv_cache
@@ -15,6 +17,7 @@ from testbed.models.build import build_model
 from testbed.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
+from testbed.spec import build_speculator
 
 
 @dataclass
@@ -46,17 +49,44 @@ class Engine:
             config.model, self.backend, self.dtype, self.device, config.seed, config.max_model_len)
         self.max_model_len = self.model.max_positions
         num_blocks = config.num_blocks or self._blocks_from_memory()
-        self.kv = KVCacheManager(num_blocks, bs, config.enable_prefix_caching)
+        self.kv = get_allocator(config.cache, num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching,
+                                eviction=config.eviction, max_model_len=self.max_model_len)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill,
                             self.max_model_len),
             self.kv, get_policy(config.scheduler, **config.scheduler_options), clock)
-        kv_caches = allocate_kv_cache(self.arch, num_blocks, bs, self.arch.num_hidden_layers, self.dtype, self.device)
-        self.executor = ModelRunner(self.model, kv_caches, bs, self.kv.get_block_ids,
-                                    Sampler(config.seed, self.device), self.device)
+        self.spec = build_speculator(config.speculative_config, self)   # None without speculative decoding
+        extra_blocks = self.spec.extra_target_kv_blocks if self.spec else 0
+        kv_caches = None if config.executor == "null" else allocate_kv_cache(
+            self.arch, num_blocks + extra_blocks, bs, self.arch.num_hidden_layers, self.dtype, self.device)
+        sampler = Sampler(config.seed, self.device)
+        self.executor = ModelRunner(self.model, kv_caches, bs, self.kv.get_block_ids, sampler, self.device,
+                                    spec=self.spec)
+        if self.spec:
+            self.spec.attach(self, kv_caches, sampler)
+        if config.executor == "null":            # host-side cost measurement: no model runs
+            from testbed.executor.null_executor import NullExecutor
+            self.executor = NullExecutor.for_engine(self)
+        else:                                    # pinned input staging; decode CUDA graphs unless enforce_eager
+            from testbed.executor.cuda_graphs import setup_fast_path
+            setup_fast_path(self, kv_caches)
+        if config.preemption_mode == "swap":
+            self._setup_swap(bs)
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self.step_callbacks = []   # called with each StepStats (recorders)
+
+    def _setup_swap(self, block_size: int) -> None:
+        """Host (CPU) pool for swap preemption, sized like the device cache from swap_space_gb."""
+        from testbed.core.swap import SwapManager
+        num_cpu_blocks = self.config.num_cpu_blocks or max(1, int(
+            self.config.swap_space_gb * 2**30 // (self.arch.kv_bytes_per_token(self.dtype.itemsize) * block_size)))
+        copy = None
+        if hasattr(self.executor, "copy_blocks") and getattr(self.executor, "kv_caches", None) is not None:
+            self.executor.host_kv_caches = allocate_kv_cache(self.arch, num_cpu_blocks, block_size,
+                                                             self.arch.num_hidden_layers, self.dtype, "cpu")
+            copy = self.executor.copy_blocks
+        self.scheduler.swap = SwapManager(self.kv, num_cpu_blocks, copy)
 
     def _blocks_from_memory(self) -> int:
         bytes_per_block = self.arch.kv_bytes_per_token(self.dtype.itemsize) * self.config.block_size
@@ -95,7 +125,7 @@ class Engine:
             raise ValueError(f"request {request_id}: prompt of {n} tokens exceeds max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens} and chunked prefill is off")
         final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
-        need = self.kv.blocks_needed(final_len)
+        need = self.kv.blocks_for_request(final_len)
         if need > self.kv.num_blocks:
             raise ValueError(f"request {request_id}: {final_len} tokens need {need} KV blocks of "
                              f"{self.kv.block_size}, the whole cache has {self.kv.num_blocks}")
@@ -135,14 +165,23 @@ class Engine:
             if request.sampling_params.stop and not request.is_finished:
                 self._check_stop_strings(request)
             outputs.append(self._output(request, new_tokens))
+        if self.spec:
+            self.spec.propose(self.scheduler.running)   # drafts for the next step's verification
         self.step_count += 1
         self.last_stats = StepStats(
             self.step_count, start, self.clock() - start, len(sched.requests), sched.num_prefill_tokens,
             sched.num_decode_tokens, len(sched.preempted), self.scheduler.num_waiting, self.scheduler.num_running,
-            self.kv.stats({r.request_id: r.num_computed_tokens for r in self.scheduler.running}))
+            self.kv.stats({r.request_id: r.num_computed_tokens for r in self.scheduler.running},
+                          {r.request_id: final_length(r, self.max_model_len) for r in self.scheduler.running},
+                          self.scheduler.blocked_request))
         for callback in self.step_callbacks:
             callback(self.last_stats)
         return outputs
+
+    @property
+    def spec_stats(self) -> dict:
+        """Speculative decoding counters (empty without speculation)."""
+        return self.spec.stats() if self.spec else {}
 
     def _check_stop_strings(self, request: Request) -> None:
         if self.tokenizer is None:
@@ -156,16 +195,17 @@ class Engine:
 
     def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
         text = ""
-        if request.is_finished and self.tokenizer is not None:
+        finished = request.is_finished           # once: this runs for every request every step
+        if finished and self.tokenizer is not None:
             text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
             if isinstance(request.stop_reason, str):
                 text = text[:text.index(request.stop_reason)]
-        finish = request.status.value if request.is_finished else None
+        finish = request.status.value if finished else None
         completion = CompletionOutput(0, text, list(request.output_token_ids),
                                       list(request.output_logprobs) if request.sampling_params.logprobs is not None
                                       else None, finish, request.stop_reason)
         metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                                  request.finish_time, request.token_times, max(request.num_cached_tokens, 0),
                                  request.num_preemptions)
-        return RequestOutput(request.request_id, request.prompt_token_ids, [completion], request.is_finished,
+        return RequestOutput(request.request_id, request.prompt_token_ids, [completion], finished,
                              new_tokens, metrics)

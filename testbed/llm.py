@@ -13,11 +13,11 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", kernel: str = "torch", block_size: int = 16,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
                  max_num_batched_tokens: int = 512, max_num_seqs: int = 64, dtype: str | None = None,
-                 seed: int = 0, **kwargs):
+                 seed: int = 0, speculative_config: dict | None = None, **kwargs):
         self.engine = Engine(EngineConfig.from_kwargs(
             model=model, kernel=kernel, block_size=block_size, num_blocks=num_blocks,
             enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, dtype=dtype, seed=seed, **kwargs))
+            max_num_seqs=max_num_seqs, dtype=dtype, seed=seed, speculative_config=speculative_config, **kwargs))
         self._next_id = 0
 
     def get_tokenizer(self):

@@ -65,13 +65,14 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, eviction: str = "lru"):
+        from testbed.core.eviction import make_free_queue
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least 1 block, got num_blocks={num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.free_queue = make_free_queue(eviction, self.blocks)   # eviction order (testbed.core.eviction)
         self.hash_to_block: dict[int, KVCacheBlock] = {}
         self.num_cached_free = 0   # free blocks that still hold a cached prefix
         self.num_evictions = 0

@@ -1,6 +1,5 @@
 """Per-request block tables over the block pool: prefix lookup, slot allocation, freeing, accounting."""
-from dataclasses import dataclass
-
+from testbed.core.allocators.base import KVAllocator, KVCacheStats  # noqa: F401 (KVCacheStats re-exported)
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.request import Request
 
@@ -10,41 +9,34 @@ def hash_block(parent_hash: int | None, token_ids) -> int:
     return hash((parent_hash, *token_ids))
 
 
-@dataclass
-class KVCacheStats:
-    """A snapshot of the cache, in token slots (block_size slots per block)."""
-    num_blocks: int
-    block_size: int
-    used_blocks: int          # held by at least one request
-    used_token_slots: int     # slots holding a token state
-    slack_token_slots: int    # empty slots in partly filled blocks of running requests (internal)
-    cached_free_blocks: int   # free, but still holding a hittable prefix
-    free_blocks: int
+class KVCacheManager(KVAllocator):
+    """The paged allocator (`cache=paged`): any free block serves any request, prefixes are shared."""
+    name = "paged"
 
-    @property
-    def usage(self) -> float:
-        return self.used_blocks / self.num_blocks
-
-
-class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 eviction: str = "lru"):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, eviction=eviction)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_num_hashed: dict[str, int] = {}   # full blocks already registered in the hash map
-        # prefix-cache counters, in tokens, over first schedulings
-        self.prefix_queries = 0
-        self.prefix_hits = 0
+        self._init_counters()
 
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def num_held_blocks(self, request_id: str) -> int:
+        return len(self.req_blocks.get(request_id, ()))
+
+    def num_cached_free_blocks(self) -> int:
+        return self.pool.num_cached_free
 
     def _update_hashes(self, request: Request, num_tokens: int) -> None:
         """Extend request.block_hashes to cover the full blocks among its first num_tokens tokens."""
@@ -67,10 +59,6 @@ class KVCacheManager:
                 break
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
-
-    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
-        self.prefix_queries += num_tokens
-        self.prefix_hits += num_hit_tokens
 
     def can_allocate(self, request: Request, num_new_tokens: int,
                      computed_blocks: list[KVCacheBlock] = (), num_lookahead_tokens: int = 0) -> int | None:
@@ -140,19 +128,3 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
-
-    def stats(self, token_counts: dict[str, int]) -> KVCacheStats:
-        """token_counts: request id -> token states it will hold after this step."""
-        bs = self.block_size
-        slack = 0
-        for rid, blocks in self.req_blocks.items():
-            n = token_counts.get(rid)
-            if n is not None and blocks:
-                slack += max(0, len(blocks) * bs - n)
-        used_blocks = self.pool.num_blocks - self.pool.num_free_blocks
-        return KVCacheStats(self.pool.num_blocks, bs, used_blocks, used_blocks * bs - slack, slack,
-                            self.pool.num_cached_free, self.pool.num_free_blocks)
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0

@@ -1,13 +1,15 @@
 """The one scheduling mechanism: each step, give requests new tokens to compute within the budgets.
 
-Prefill chunks, decode, prefix hits, speculative verification (1 + k tokens) and recompute preemption
-are all "advance num_computed_tokens"; a SchedulingPolicy only orders requests and picks victims.
+Prefill chunks, decode, prefix hits, speculative verification (1 + k tokens) and preemption (recompute:
+back to 0; swap: KV parked in host memory, resumed where it stopped) are all "advance num_computed_tokens";
+a SchedulingPolicy only orders requests, picks victims and may shape the step's token budget.
 """
 import bisect
 from dataclasses import dataclass, field
 
 from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.policies import SchedulingPolicy
+from testbed.core.swap import SwapManager
 from testbed.request import Request, RequestStatus
 
 
@@ -43,17 +45,21 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy, clock):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy, clock,
+                 swap: SwapManager | None = None):
         self.config = config
-        self.kv = kv
+        self.kv = kv                          # any KVAllocator (testbed.core.allocators)
         self.policy = policy
         self.clock = clock
+        self.swap = swap                      # None: recompute preemption
         self.waiting: list[Request] = []      # sorted by policy key
         self.running: list[Request] = []      # sorted by policy key
         self.requests: dict[str, Request] = {}
         self._next_seq_no = 0
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
+        self.blocked_request: Request | None = None   # waiting request refused memory in the last step
+        policy.attach(self)
 
     # ---- queue upkeep -------------------------------------------------------------------------
     def _insert(self, queue: list[Request], request: Request, now: float) -> None:
@@ -78,11 +84,13 @@ class Scheduler:
         return len(self.running)
 
     def _preempt(self, request: Request, now: float) -> None:
-        """Recompute preemption: drop the KV, start over later (prefix cache permitting)."""
+        """Swap the KV out to host memory if swapping is on and it fits; otherwise recompute: drop the KV
+        and start over later (prefix cache permitting)."""
         self.running.remove(request)
-        self.kv.free(request)
-        request.num_computed_tokens = 0
         request.spec_token_ids = []
+        if self.swap is None or not self.swap.swap_out(request):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -97,11 +105,39 @@ class Scheduler:
             self.running.sort(key=lambda r: key(r, now))
         out = SchedulerOutput(finished_ids=self._finished_ids)
         self._finished_ids = []
-        budget = self.config.max_num_batched_tokens
+        self.blocked_request = None
+        budget = min(self.policy.step_budget(self.config.max_num_batched_tokens), self.config.max_num_batched_tokens)
+        self._preempt_for_waiting(out, budget, now)
+        num_preempted = len(out.preempted)
         budget = self._schedule_running(out, budget, now)
-        if not out.preempted:
+        if len(out.preempted) == num_preempted:      # no memory pressure among the running
             self._schedule_waiting(out, budget, now)
         return out
+
+    def _preempt_for_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        """Let the first waiting request displace running ones the policy ranks below it, while it could
+        not otherwise start (no seat or no memory). Preemption at token granularity: any step."""
+        while self.waiting and self.running:
+            head = self.waiting[0]
+            victim = self.policy.should_preempt_for(head, self.running, now)
+            if victim is None or self._can_start(head, budget):
+                return
+            self._preempt(victim, now)
+            out.preempted.append(victim)
+
+    def _can_start(self, request: Request, budget: int) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        computed_blocks, num_cached = self._resume_point(request)
+        num_new = min(request.num_tokens - num_cached, self.policy.token_budget(request, budget))
+        return self.kv.can_allocate(request, max(num_new, 1), computed_blocks) is not None
+
+    def _resume_point(self, request: Request):
+        """(prefix-hit blocks, tokens already computed) for a waiting request: a swapped-out one resumes
+        where it stopped, any other one from its longest cached prefix."""
+        if self.swap is not None and self.swap.holds(request):
+            return [], request.num_computed_tokens
+        return self.kv.get_computed_blocks(request)
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         out.requests.append(request)
@@ -137,7 +173,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+            computed_blocks, num_cached = self._resume_point(request)
             num_new = request.num_tokens - num_cached
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
@@ -148,11 +184,14 @@ class Scheduler:
                 unscheduled = [r for r in self.running if r not in out.requests]
                 victim = self.policy.should_preempt_for(request, unscheduled, now)
                 if victim is None:
+                    self.blocked_request = request
                     break
                 self._preempt(victim, now)
                 out.preempted.append(victim)
                 continue
             self.waiting.pop(0)
+            if self.swap is not None and self.swap.holds(request):
+                self.swap.swap_in(request)
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_cached
@@ -178,8 +217,10 @@ class Scheduler:
             if not tokens:
                 continue                     # a prefill chunk that did not reach the end
             if request.spec_token_ids:
-                # rejected drafts: their KV is stale, rewind and give surplus blocks back
-                rejected = len(request.spec_token_ids) - (len(tokens) - 1)
+                # rejected drafts: their KV is stale, rewind and give surplus blocks back. Count against the
+                # drafts scheduled this step (the token budget may cut some); unscheduled ones are dropped.
+                num_scheduled_drafts = max(0, request.num_computed_tokens - request.num_tokens)
+                rejected = num_scheduled_drafts - (len(tokens) - 1)
                 request.num_computed_tokens -= rejected
                 request.spec_token_ids = []
                 if rejected:
@@ -213,6 +254,8 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
         self.kv.free(request)
+        if self.swap is not None:
+            self.swap.discard(request)
         self.requests.pop(request.request_id, None)
         self._finished_ids.append(request.request_id)
 

@@ -1,4 +1,10 @@
-"""Flatten a SchedulerOutput into the model's inputs: token ids, positions, slots, attention metadata."""
+"""Flatten a SchedulerOutput into the model's inputs: token ids, positions, slots, attention metadata.
+
+One Python pass over the scheduled requests collects what only they know (tokens, computed counts);
+everything else is numpy over the whole batch. With `buffers` (testbed.executor.host_buffers) the
+block tables come from persistent rows and the arrays are staged in reusable (pinned) host memory and
+copied to fixed device tensors without waiting for the device.
+"""
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,42 +23,102 @@ class ModelInputs:
     num_logits: list[int]               # per scheduled request: how many of those rows (0 = mid-prefill)
 
 
-def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device) -> ModelInputs:
-    """block_ids_of(request_id) -> that request's block ids, in order."""
-    n_reqs = len(out.requests)
-    total = sum(out.num_new_tokens)
-    input_ids = np.empty(total, dtype=np.int64)
-    positions = np.empty(total, dtype=np.int64)
-    slots = np.empty(total, dtype=np.int64)
-    query_start = np.zeros(n_reqs + 1, dtype=np.int32)
-    seq_lens = np.empty(n_reqs, dtype=np.int32)
-    tables = [block_ids_of(r.request_id) for r in out.requests]
-    max_blocks = max((len(t) for t in tables), default=1)
-    block_tables = np.zeros((n_reqs, max(max_blocks, 1)), dtype=np.int32)
-    logits_indices, num_logits = [], []
-    offset = 0
-    for i, (request, n) in enumerate(zip(out.requests, out.num_new_tokens)):
-        start = request.num_computed_tokens
-        end = start + n
-        tokens = request.all_token_ids[start:end]
-        if end > request.num_tokens:                       # speculative drafts ride at the end
-            tokens = tokens + request.spec_token_ids[: end - request.num_tokens]
-        input_ids[offset:offset + n] = tokens
-        pos = np.arange(start, end)
-        positions[offset:offset + n] = pos
-        table = np.asarray(tables[i], dtype=np.int64)
-        block_tables[i, :len(table)] = table
-        slots[offset:offset + n] = table[pos // block_size] * block_size + pos % block_size
-        seq_lens[i] = end
-        offset += n
-        query_start[i + 1] = offset
-        # logits wherever a next token must be sampled or a draft verified
-        k = end - request.num_tokens + 1 if end >= request.num_tokens else 0
-        num_logits.append(k)
-        logits_indices.extend(range(offset - k, offset))
-    as_tensor = lambda a: torch.from_numpy(a).to(device, non_blocking=True)
-    meta = AttentionMetadata(slot_mapping=as_tensor(slots), query_start_loc=as_tensor(query_start),
-                             seq_lens=as_tensor(seq_lens), block_tables=as_tensor(block_tables),
-                             max_query_len=max(out.num_new_tokens, default=0), max_seq_len=int(seq_lens.max(initial=0)))
-    return ModelInputs(as_tensor(input_ids), as_tensor(positions), meta,
-                       torch.tensor(logits_indices, dtype=torch.long, device=device), num_logits)
+def _tables_from_lists(block_ids_of, request_ids) -> np.ndarray:
+    lists = [block_ids_of(rid) for rid in request_ids]
+    table = np.zeros((len(lists), max((len(t) for t in lists), default=1) or 1), dtype=np.int32)
+    for i, ids in enumerate(lists):
+        table[i, :len(ids)] = ids
+    return table
+
+
+def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, buffers=None,
+                   pad_to: int | None = None) -> ModelInputs:
+    """block_ids_of(request_id) -> that request's block ids, in order (unused when `buffers` has tables).
+
+    pad_to: a decode batch (one token per request) is padded to this many rows for a captured CUDA
+    graph; padding rows write no KV (slot -1) and attend to nothing (length 0). The returned tensors
+    cover the real rows only.
+    """
+    requests, num_new = out.requests, out.num_new_tokens
+    n = len(requests)
+    request_ids = [r.request_id for r in requests]
+    starts = [r.num_computed_tokens for r in requests]
+    num_tokens = [len(r.all_token_ids) for r in requests]
+    drafted = []                                   # requests verifying speculative drafts this step
+    token_ids = None
+    if sum(num_new) == n:                          # one token each, e.g. decode: no per-request branching
+        try:
+            token_ids = [r.all_token_ids[s] for r, s in zip(requests, starts)]
+        except IndexError:                         # a lone draft token: take the general path
+            token_ids = None
+    if token_ids is None:
+        token_ids = []
+        for r, s, k, length in zip(requests, starts, num_new, num_tokens):
+            token_ids += r.all_token_ids[s:s + k]
+            if s + k > length:                     # speculative drafts ride at the end
+                token_ids += r.spec_token_ids[:s + k - length]
+                drafted.append(r.request_id)
+    total = len(token_ids)
+
+    start = np.array(starts, dtype=np.int64)
+    new = np.array(num_new, dtype=np.int64)
+    end = start + new
+    query_start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(new, out=query_start[1:])
+    positions = np.repeat(start - query_start[:-1], new) + np.arange(total, dtype=np.int64)
+    if buffers is not None and buffers.tables is not None:
+        tables = buffers.tables
+        tables.forget(out.finished_ids)
+        rows = tables.rows(request_ids)
+        tables.dirty.update(drafted)               # their block lists may be trimmed after verification
+        table = tables.table
+    else:
+        table = _tables_from_lists(block_ids_of, request_ids)
+        rows = np.arange(n)
+    max_seq_len = int(end.max(initial=0))
+    width = max(-(-max_seq_len // block_size), 1)
+    pages = positions // block_size
+    slots = table[np.repeat(rows, new), pages].astype(np.int64) * block_size + (positions - pages * block_size)
+    # logits wherever a next token must be sampled or a draft verified
+    k = np.maximum(end - np.array(num_tokens, dtype=np.int64) + 1, 0)
+    num_logits = k.tolist()
+    num_k = int(k.sum())
+    logits_indices = np.repeat(query_start[1:] - k, k) + (np.arange(num_k) - np.repeat(np.cumsum(k) - k, k))
+
+    if buffers is None:
+        block_tables = np.zeros((n, width), dtype=np.int32)
+        cols = min(width, table.shape[1])
+        block_tables[:, :cols] = table[rows, :cols]
+        as_tensor = lambda a: torch.from_numpy(a).to(device, non_blocking=True)
+        t = {"input_ids": as_tensor(np.array(token_ids, dtype=np.int64)), "positions": as_tensor(positions),
+             "slot_mapping": as_tensor(slots), "query_start_loc": as_tensor(query_start.astype(np.int32)),
+             "seq_lens": as_tensor(end.astype(np.int32)), "block_tables": as_tensor(block_tables),
+             "logits_indices": as_tensor(logits_indices)}
+    else:
+        padded = n if pad_to is None else pad_to
+        num_rows_tokens = total if pad_to is None else pad_to
+        assert pad_to is None or (total == n and pad_to >= n), "only decode batches are padded"
+        buffers.ensure(num_rows_tokens, padded, width)
+        h = buffers.host_arrays(num_rows_tokens, padded, width)
+        h["input_ids"][:total] = token_ids
+        h["positions"][:total] = positions
+        h["slot_mapping"][:total] = slots
+        h["query_start_loc"][:n + 1] = query_start
+        h["seq_lens"][:n] = end
+        h["logits_indices"][:num_k] = logits_indices
+        np.take(table[:, :width], rows, axis=0, out=h["block_tables"][:n])
+        if padded > n:
+            h["input_ids"][n:] = 0
+            h["positions"][n:] = 0
+            h["slot_mapping"][n:] = -1
+            h["query_start_loc"][n + 1:] = n
+            h["seq_lens"][n:] = 0
+            h["block_tables"][n:] = 0
+        t = buffers.to_device(num_rows_tokens, padded, width, num_k)
+        if padded > n:
+            t = {name: (v if name == "logits_indices" else v[:n + 1] if name == "query_start_loc" else v[:n])
+                 for name, v in t.items()}
+    meta = AttentionMetadata(slot_mapping=t["slot_mapping"], query_start_loc=t["query_start_loc"],
+                             seq_lens=t["seq_lens"], block_tables=t["block_tables"],
+                             max_query_len=max(num_new, default=0), max_seq_len=max_seq_len)
+    return ModelInputs(t["input_ids"], t["positions"], meta, t["logits_indices"], num_logits)

@@ -6,6 +6,11 @@ from testbed.core.policies.base import SchedulingPolicy
 # name -> "module:Class", imported on demand so a new policy is one file plus one line here.
 POLICIES = {
     "fcfs": "testbed.core.policies.fcfs:FCFSPolicy",
+    "priority": "testbed.core.policies.priority:PriorityPolicy",
+    "sjf": "testbed.core.policies.sjf:SJFPolicy",
+    "sarathi": "testbed.core.policies.sarathi:SarathiPolicy",
+    "mlfq": "testbed.core.policies.mlfq:MLFQPolicy",
+    "lpm": "testbed.core.policies.lpm:LPMPolicy",
 }
 
 

@@ -1,15 +1,31 @@
-"""The policy interface: an ordering key for waiting and running requests, and a victim rule."""
+"""The policy interface: an ordering key for waiting and running requests, a victim rule, and budget hooks.
+
+The scheduler (testbed.core.scheduler) is the one mechanism; a policy answers its questions:
+
+    key(request, now)                         order of both queues (smaller first)
+    choose_victim(candidates, now)            which running request to preempt when memory runs out
+    should_preempt_for(waiting, running, now) which running request the first waiting one may displace
+                                              when it cannot start (no seat or no memory)
+    step_budget(default)                      the step's token budget (e.g. a fixed Sarathi budget), at most
+                                              the engine's max_num_batched_tokens
+    token_budget(request, remaining)          tokens one request may take from what is left
+    attach(scheduler)                         see the scheduler (e.g. the KV cache, for cache-aware keys)
+"""
 from testbed.request import Request
 
 
 class SchedulingPolicy:
     name = "base"
-    # True when keys change with time (e.g. aging): the scheduler then re-sorts every step.
+    # True when keys change between steps (aging, attained service, request phase, cache contents):
+    # the scheduler then re-sorts both queues every step.
     time_dependent = False
 
     def __init__(self, **options):
         if options:
             raise ValueError(f"scheduler {self.name!r} takes no options {sorted(options)}")
+
+    def attach(self, scheduler) -> None:
+        """Called once by the scheduler that uses this policy."""
 
     def key(self, request: Request, now: float):
         """Smaller key = served first. Must be total (ties broken by arrival order)."""
@@ -20,9 +36,21 @@ class SchedulingPolicy:
         return max(candidates, key=lambda r: self.key(r, now))
 
     def should_preempt_for(self, waiting: Request, running: list[Request], now: float) -> Request | None:
-        """A running request to evict so that `waiting` can start (priority-style policies); None = never."""
+        """A running request that `waiting` may displace when it cannot start; None = never."""
         return None
+
+    def step_budget(self, default: int) -> int:
+        """Tokens the whole step may compute; default: the engine's max_num_batched_tokens, which also
+        caps what a policy returns (a policy can only tighten the engine's limit)."""
+        return default
 
     def token_budget(self, request: Request, remaining: int) -> int:
         """Tokens this request may take from the step's remaining budget (chunking rules)."""
         return remaining
+
+    # helper for preemptive policies: the running request ranked last, if ranked strictly after `waiting`
+    def _worse_running(self, waiting: Request, running: list[Request], now: float, rank) -> Request | None:
+        if not running:
+            return None
+        victim = max(running, key=lambda r: self.key(r, now))
+        return victim if rank(victim) > rank(waiting) else None

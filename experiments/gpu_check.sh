@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One-shot GPU check (an H200 session): everything issue 3 needs a GPU for, in one command.
+#
+#   1. GPU tests: CUDA-graph decode == eager, one sync per decode step, pinned staging, Triton vs torch timing
+#   2. throughput benchmark, llama-3.2-1b shape (bf16, random weights), 256 requests: engine (triton, torch),
+#      transformers static generate, transformers continuous batching, roofline bound
+#   3. Triton kernel check (experiments/gpu_kernel_check.py): correctness + timings at realistic shapes
+#   4. host-side cost per step (null executor) on that machine's CPU
+# Full results go to $OUT (or results/gpu_check/ when $OUT is unset); a short table is printed last.
+# Steps run in this order under a shared time budget (BUDGET_S, default 540 s) and are skipped once it is
+# spent, so one 10-minute device call is enough:
+#
+#   run(command="bash experiments/gpu_check.sh", timeout_s=600)
+#
+# Nothing here needs Hydra. Optional: BENCH_ARGS="--model llama-3.1-8b" for the 8B shape (needs more time).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+BUDGET_S=${BUDGET_S:-540}
+START=$(date +%s)
+LOG="$OUT/log.txt"
+: > "$LOG"
+STATUS=()
+
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+step() {  # step NAME MAX_SECONDS COMMAND...
+    local name=$1 max=$2; shift 2
+    local remaining; remaining=$(left)
+    if (( remaining < 30 )); then
+        STATUS+=("$name: skipped (time budget spent)")
+        echo "== $name: skipped, ${remaining}s left" | tee -a "$LOG"
+        return
+    fi
+    (( max > remaining )) && max=$remaining
+    echo "== $name (limit ${max}s) $(date +%T)" | tee -a "$LOG"
+    local t0; t0=$(date +%s)
+    timeout --kill-after=10 "$max" "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    STATUS+=("$name: rc=$rc in $(( $(date +%s) - t0 ))s")
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+} 2>&1 | tee -a "$LOG"
+
+step "gpu tests" 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider \
+    tests/test_cuda_graphs.py tests/kernels/test_gpu_timing.py --junitxml="$OUT/pytest_gpu.xml"
+
+step "throughput llama-3.2-1b" 300 python3 -m experiments.bench_throughput --preset gpu --out "$OUT" \
+    --name throughput --time-limit 60 --system-timeout 150 ${BENCH_ARGS:-}
+
+step "kernel check" 100 python3 experiments/gpu_kernel_check.py "$OUT/kernels.json" --iters 10
+
+step "host cost per step" 30 python3 -m experiments.bench_host --running 256 --steps 100 --no-gc-freeze-rows --out "$OUT"
+
+echo
+echo "================ gpu_check summary ($(( $(date +%s) - START ))s) ================"
+for s in "${STATUS[@]}"; do echo "  $s"; done
+[[ -f "$OUT/kernels.json" ]] && python3 - "$OUT/kernels.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["results"]
+bad = [r for r in rows if not r["ok"]]
+dec = [r for r in rows if r["kernel"] == "decode"]
+print(f"  kernels: {len(rows) - len(bad)}/{len(rows)} within tolerance; copy bw {d['copy_bw_gbps']:.0f} GB/s; "
+      f"best decode {max((r['pct_copy_bw'] for r in dec), default=0):.0f}% of copy bw")
+for r in bad:
+    print(f"    FAILED {r['kernel']} {r['config']} err {r['err']:.2e}")
+EOF
+[[ -f "$OUT/host_overhead.md" ]] && grep "^| " "$OUT/host_overhead.md" | cut -d'|' -f1-5
+[[ -f "$OUT/throughput.md" ]] && { grep "^| \|^Roofline" "$OUT/throughput.md" | cut -c1-220; }
+exit 0

@@ -1,0 +1,269 @@
+"""Replay a trace against a running OpenAI-compatible server, streaming (like `vllm bench serve`).
+
+    from experiments.http_replay import replay_http
+    run = replay_http(trace.requests, "http://127.0.0.1:8000", model="tiny")
+    run.requests        # one row per request, experiments.recorder.REQUEST_COLUMNS (+ "error")
+    run.summary()       # experiments.metrics.request_summary: the in-process runner's metrics
+
+    # the experiment of `python run.py trace=... replay=...`, over HTTP (same result files):
+    python -m experiments.http_replay --url http://127.0.0.1:8000 trace=azure replay=open_loop trace.max_requests=50
+
+Each RequestSpec is sent as a streaming /v1/completions request (prompt as token ids, max_tokens,
+ignore_eos, temperature 0 by default) following experiments.replay's modes: open_loop at start +
+arrival_s (already time-scaled by the loader), offline all at once, closed_loop with `concurrency` in
+flight. Times are taken on the client's monotonic clock as chunks arrive. With
+`stream_options.continuous_usage_stats` (this server, vLLM) each chunk says how many tokens it carries,
+otherwise each non-empty chunk counts as one token; the tokens of one chunk share its timestamp, which
+is how experiments.metrics counts ITL (per chunk).
+
+Columns the client cannot see (first_scheduled_time, cached_tokens, num_preemptions) are NaN/0; the
+server's /metrics has the engine-side view. A failed request has finish_reason "error" and the reason
+in "error"; it counts as failed in the summary, as aborts do.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.metrics import request_summary
+from experiments.recorder import REQUEST_COLUMNS
+from experiments.traces.spec import RequestSpec
+
+COLUMNS = REQUEST_COLUMNS + ["error"]
+
+
+def _row(spec: RequestSpec, arrival_time: float) -> dict:
+    meta = spec.meta or {}
+    return {"request_id": spec.request_id, "trace_arrival_s": float(spec.arrival_s), "arrival_time": arrival_time,
+            "first_scheduled_time": math.nan, "first_token_time": math.nan, "finish_time": math.nan,
+            "prompt_tokens": spec.prompt_len, "output_tokens": 0, "target_output_tokens": spec.max_tokens,
+            "cached_tokens": 0, "num_preemptions": 0, "finish_reason": None,
+            "trace_prompt_tokens": meta.get("prompt_len"), "trace_output_tokens": meta.get("output_len"),
+            "trace_line": None if meta.get("line") is None else str(meta.get("line")), "token_times": [],
+            "error": ""}
+
+
+def request_body(spec: RequestSpec, model: str, temperature: float = 0.0, extra: dict | None = None) -> dict:
+    body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": int(spec.max_tokens),
+            "temperature": temperature, "ignore_eos": bool(spec.ignore_eos), "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if spec.priority:
+        body["priority"] = int(spec.priority)
+    body.update(extra or {})
+    return body
+
+
+async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, row: dict) -> None:
+    """Stream one request, filling row in place (times on time.monotonic)."""
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                row["error"] = f"HTTP {response.status_code}: {text[:500]}"
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                now = time.monotonic()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    err = chunk["error"]
+                    row["error"] = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+                    continue
+                usage, choices = chunk.get("usage"), chunk.get("choices") or []
+                if not choices:
+                    continue                  # the final usage-only chunk
+                if usage is not None:
+                    n_new = int(usage.get("completion_tokens", 0)) - row["output_tokens"]
+                else:
+                    n_new = 1 if choices[0].get("text") or (choices[0].get("delta") or {}).get("content") else 0
+                if n_new > 0:
+                    if math.isnan(row["first_token_time"]):
+                        row["first_token_time"] = now
+                    row["token_times"].extend([now] * n_new)
+                    row["output_tokens"] += n_new
+                if choices[0].get("finish_reason"):
+                    row["finish_reason"] = choices[0]["finish_reason"]
+                    row["finish_time"] = now
+    except Exception as e:                    # a failed request is a row, not a failed replay
+        row["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if row["error"]:
+            row["finish_reason"], row["finish_time"] = "error", math.nan
+        elif row["finish_reason"] is None:    # stream ended without a finish reason
+            row["finish_reason"], row["error"] = "error", "stream ended without finish_reason"
+
+
+@dataclass
+class HttpReplay:
+    requests: pd.DataFrame
+    start_time: float                 # time.monotonic when sending began
+    end_time: float                   # last finish (or now, if nothing finished)
+
+    def summary(self, slo=None, **kwargs) -> dict:
+        return request_summary(self.requests, self.start_time, self.end_time, slo, **kwargs)
+
+
+async def replay_http_async(specs: Sequence[RequestSpec], base_url: str, model: str, api_key: str | None = None,
+                            mode: str = "open_loop", concurrency: int | None = None, temperature: float = 0.0,
+                            timeout_s: float | None = 600.0, extra_body: dict | None = None) -> HttpReplay:
+    """mode: open_loop (each request at its arrival_s), offline (all at once) or closed_loop
+    (`concurrency` in flight, trace order), as experiments.replay's drivers."""
+    import httpx
+    if mode not in ("offline", "open_loop", "closed_loop"):
+        raise ValueError(f"unknown replay mode {mode!r}; one of offline, open_loop, closed_loop")
+    if mode == "closed_loop" and (not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError(f"closed-loop replay needs concurrency >= 1, got {concurrency!r}")
+    base = base_url.rstrip("/")
+    url = base + ("" if base.endswith("/v1") else "/v1") + "/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    specs = list(specs) if mode == "closed_loop" else sorted(specs, key=lambda s: s.arrival_s)
+    rows: list[dict] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+        t0 = time.monotonic()
+
+        def body(spec):
+            return request_body(spec, model, temperature, extra_body)
+        if mode == "closed_loop":     # a new request the moment one finishes
+            queue = list(reversed(specs))
+
+            async def worker():
+                while queue:
+                    spec = queue.pop()
+                    row = _row(spec, time.monotonic())
+                    rows.append(row)
+                    await _send(client, url, headers, spec, body(spec), row)
+            await asyncio.gather(*[worker() for _ in range(concurrency)])
+        else:
+            tasks = []
+            for spec in specs:
+                arrival = 0.0 if mode == "offline" else spec.arrival_s
+                delay = t0 + arrival - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                row = _row(spec, t0 + arrival)
+                rows.append(row)
+                tasks.append(asyncio.ensure_future(_send(client, url, headers, spec, body(spec), row)))
+            await asyncio.gather(*tasks)
+    df = to_frame(rows)
+    finished = df["finish_time"].dropna()
+    return HttpReplay(df, t0, float(finished.max()) if len(finished) else time.monotonic())
+
+
+def replay_http(specs: Sequence[RequestSpec], base_url: str, model: str, **kwargs) -> HttpReplay:
+    """Blocking wrapper of replay_http_async (runs its own event loop)."""
+    return asyncio.run(replay_http_async(specs, base_url, model, **kwargs))
+
+
+def to_frame(rows: Sequence[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(list(rows), columns=COLUMNS)
+    for col in ("arrival_time", "first_scheduled_time", "first_token_time", "finish_time", "trace_arrival_s"):
+        df[col] = df[col].astype(float)
+    for col in ("prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens", "num_preemptions"):
+        df[col] = df[col].astype("int64")
+    for col in ("trace_prompt_tokens", "trace_output_tokens"):
+        df[col] = df[col].astype("Int64")
+    return df
+
+
+# ---- the experiment over HTTP: same config, same result files as experiments.runner --------------------------
+def server_info(base_url: str, api_key: str | None = None) -> dict:
+    """The served model's card: id, max_model_len, vocab_size (this server's extension fields)."""
+    import httpx
+    base = base_url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(base + "/v1/models", headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.json()["data"][0]
+
+
+def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = None, quiet: bool = False) -> dict:
+    """experiments.runner.run_trace, with a running server in place of the in-process engine: the same
+    trace, length policy, replay mode, SLOs and percentiles from cfg; summary.json, requests.parquet and
+    a sweep-table row in run_dir. Engine-side columns (steps, KV) are not visible over HTTP."""
+    from omegaconf import OmegaConf
+
+    from experiments.metrics import DEFAULT_PERCENTILES, check_slo
+    from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+    from experiments.runner import apply_length_policy
+    from experiments.traces import load_trace
+
+    def get(path, default=None):
+        value = OmegaConf.select(cfg, path, default=default)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    run_dir = Path(run_dir)
+    trace_cfg = get("trace")
+    if not trace_cfg:
+        raise ValueError("an HTTP replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic")
+    slo = check_slo(get("slo"))
+    percentiles = list(get("metrics.percentiles") or DEFAULT_PERCENTILES)
+    replay_cfg = get("replay") or {}
+    mode = replay_cfg.get("name", "open_loop")
+    info = server_info(url, api_key)
+    trace = load_trace(trace_cfg, vocab_size=int(info.get("vocab_size") or 32000),
+                       max_model_len=int(info["max_model_len"]))
+    specs, length_report = apply_length_policy(trace.requests, replay_cfg)
+    run = replay_http(specs, url, info["id"], api_key=api_key, mode=mode, concurrency=replay_cfg.get("concurrency"),
+                      temperature=replay_cfg.get("temperature", 0.0) or 0.0)
+    summary = run.summary(slo, percentiles=percentiles)
+    experiment = get("experiment", "default")
+    summary.update({"experiment": experiment, "replay": mode, "trace": trace.report.get("format"),
+                    "target": "http", "url": url, "model": info["id"], "num_requests": len(specs),
+                    "num_sent": len(run.requests), "start_time": run.start_time, "end_time": run.end_time,
+                    "slo": slo, "percentiles": percentiles})
+    write_run(run_dir, config_yaml=OmegaConf.to_yaml(cfg), requests=run.requests, steps=pd.DataFrame(),
+              summary=summary, trace_report={**trace.report, "replay_length_policy": length_report})
+    table = Path(get("results.sweep_table") or run_dir.parent / SWEEP_TABLE)
+    append_sweep_row(table, sweep_row(summary, {"run_dir": run_dir.name, "target": "http", "model.name": info["id"],
+                                                "trace.name": trace_cfg.get("name"), "replay.name": mode}))
+    if not quiet:
+        keys = ("completed", "failed", "duration", "request_throughput", "output_throughput", "mean_ttft_ms",
+                "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms")
+        print(json.dumps({k: summary.get(k) for k in keys}, indent=2, default=str))
+        print(f"results: {run_dir}", file=sys.stderr)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """python -m experiments.http_replay --url URL [--api-key K] [--out DIR] [overrides of conf/config.yaml]"""
+    parser = argparse.ArgumentParser(
+        description="Replay a trace against a running server, with the experiment config of run.py.",
+        epilog="overrides: as for run.py, e.g. trace=azure replay=open_loop trace.max_requests=100 "
+               "trace.time_scale=2 (the engine keys are ignored: the server has its own engine)")
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--out", default=None, help="results folder (default results/<experiment>/http-<time>)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    overrides = list(args.overrides)
+    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        try:
+            cfg = compose(config_name="config", overrides=overrides)
+        except HydraException:       # a config without trace/replay groups in its defaults
+            cfg = compose(config_name="config", overrides=[
+                "+" + o if o.split("=", 1)[0] in ("trace", "replay") else o for o in overrides])
+    out = Path(args.out or f"results/{cfg.get('experiment') or 'default'}/http-{time.strftime('%Y%m%d-%H%M%S')}")
+    return run_trace_http(cfg, out, args.url, args.api_key)
+
+
+if __name__ == "__main__":
+    main()

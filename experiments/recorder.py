@@ -1,0 +1,146 @@
+"""Collects what a run measures: one row per request (from RequestOutputs) and per step (from StepStats).
+
+The recorder listens on Engine.step_callbacks for steps; drivers hand it each request they add and every
+RequestOutput the engine returns. Everything is plain Python rows until `requests_frame` / `steps_frame`,
+so an interrupted run still has all it measured.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+# Columns of the requests table, in order (times: seconds on the engine clock).
+REQUEST_COLUMNS = [
+    "request_id", "trace_arrival_s", "arrival_time", "first_scheduled_time", "first_token_time",
+    "finish_time", "prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens",
+    "num_preemptions", "finish_reason", "trace_prompt_tokens", "trace_output_tokens", "trace_line",
+    "token_times",
+]
+
+
+def kv_fields(kv) -> dict:
+    """Flatten a KVCacheStats (any version) into kv_* columns plus the derived ratios.
+
+    kv_usage = used_blocks / num_blocks. frag_internal / frag_reserved / frag_external are fractions of all
+    token slots, from the allocator's memory breakdown (internal_slots: held, beyond the request's final
+    length; reserved_slots: held for the request's own future tokens; external_slots: free but unusable by
+    the request waiting for memory). Stats without that breakdown (older KVCacheStats) count every empty
+    held slot (slack_token_slots) as internal and report 0 for the other two."""
+    if dataclasses.is_dataclass(kv):
+        raw = {f.name: getattr(kv, f.name) for f in dataclasses.fields(kv)}
+    else:
+        raw = {k: v for k, v in vars(kv).items() if not k.startswith("_")}
+    row = {f"kv_{k}": v for k, v in raw.items() if isinstance(v, (int, float, bool)) or v is None}
+    num_blocks = getattr(kv, "num_blocks", 0) or 0
+    total = num_blocks * (getattr(kv, "block_size", 1) or 1) or 1
+    row["kv_usage"] = (getattr(kv, "used_blocks", 0) or 0) / num_blocks if num_blocks else 0.0
+    parts = [getattr(kv, name, None) for name in
+             ("token_slots", "reserved_slots", "internal_slots", "external_slots", "free_slots")]
+    if all(isinstance(p, int) for p in parts) and sum(parts) == total:
+        row["frag_internal"] = parts[2] / total
+        row["frag_reserved"] = parts[1] / total
+        row["frag_external"] = parts[3] / total
+    else:
+        row["frag_internal"] = (getattr(kv, "slack_token_slots", 0) or 0) / total
+        row["frag_reserved"] = 0.0
+        row["frag_external"] = 0.0
+    return row
+
+
+class Recorder:
+    def __init__(self, keep_text: bool = False):
+        self.keep_text = keep_text       # keep each finished request's output text (small demo runs)
+        self.texts: dict[str, str] = {}
+        self.requests: dict[str, dict] = {}
+        self.steps: list[dict] = []
+        self.listeners = []          # called with each step row (progress bar, W&B)
+        self._engine = None
+
+    # ---- wiring -------------------------------------------------------------------------------
+    def attach(self, engine) -> Recorder:
+        self._engine = engine
+        engine.step_callbacks.append(self.on_step)
+        return self
+
+    def detach(self) -> None:
+        if self._engine is not None and self.on_step in self._engine.step_callbacks:
+            self._engine.step_callbacks.remove(self.on_step)
+        self._engine = None
+
+    # ---- events -------------------------------------------------------------------------------
+    def on_step(self, stats) -> None:
+        row = {
+            "step": stats.step, "start_time": stats.start_time, "duration_s": stats.duration_s,
+            "num_seqs": stats.num_seqs, "num_prefill_tokens": stats.num_prefill_tokens,
+            "num_decode_tokens": stats.num_decode_tokens, "num_preempted": stats.num_preempted,
+            "num_waiting": stats.num_waiting, "num_running": stats.num_running,
+        }
+        for name in ("num_spec_tokens", "num_accepted_tokens"):   # optional fields (spec decode)
+            if hasattr(stats, name):
+                row[name] = getattr(stats, name)
+        row.update(kv_fields(stats.kv))
+        self.steps.append(row)
+        for listener in self.listeners:
+            listener(row)
+
+    def on_add(self, spec, arrival_time: float) -> None:
+        meta = spec.meta or {}
+        self.requests[spec.request_id] = {
+            "request_id": spec.request_id, "trace_arrival_s": float(spec.arrival_s),
+            "arrival_time": float(arrival_time), "first_scheduled_time": None, "first_token_time": None,
+            "finish_time": None, "prompt_tokens": len(spec.prompt_token_ids), "output_tokens": 0,
+            "target_output_tokens": spec.max_tokens, "cached_tokens": 0, "num_preemptions": 0,
+            "finish_reason": None, "trace_prompt_tokens": meta.get("prompt_len"),
+            "trace_output_tokens": meta.get("output_len"),
+            "trace_line": None if meta.get("line") is None else str(meta.get("line")), "token_times": [],
+        }
+
+    def on_output(self, out) -> None:
+        """Record a RequestOutput; only finished ones (including aborts) carry final numbers."""
+        row = self.requests.get(out.request_id)
+        if row is None or not out.finished:
+            return
+        m = out.metrics
+        completion = out.outputs[0]
+        row.update(first_scheduled_time=m.first_scheduled_time, first_token_time=m.first_token_time,
+                   finish_time=m.finish_time, output_tokens=len(completion.token_ids),
+                   cached_tokens=int(m.num_cached_tokens), num_preemptions=int(m.num_preemptions),
+                   finish_reason=completion.finish_reason or "abort", token_times=list(m.token_times))
+        if self.keep_text:
+            self.texts[out.request_id] = completion.text
+
+    def on_request(self, request, now: float) -> None:
+        """Record straight from the engine's Request (its output never came back: an interrupted step).
+        A request that had not finished is recorded as aborted at `now`."""
+        row = self.requests.get(request.request_id)
+        if row is None:
+            return
+        finished = request.status.finished
+        row.update(first_scheduled_time=request.first_scheduled_time, first_token_time=request.first_token_time,
+                   finish_time=request.finish_time if finished and request.finish_time is not None else now,
+                   output_tokens=len(request.output_token_ids), cached_tokens=max(request.num_cached_tokens, 0),
+                   num_preemptions=request.num_preemptions,
+                   finish_reason=request.status.value if finished else "abort",
+                   token_times=list(request.token_times))
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def num_finished(self) -> int:
+        return sum(1 for r in self.requests.values() if r["finish_reason"] is not None)
+
+    def in_flight(self) -> list[str]:
+        return [rid for rid, r in self.requests.items() if r["finish_reason"] is None]
+
+    def requests_frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(list(self.requests.values()), columns=REQUEST_COLUMNS)
+        for col in ("arrival_time", "first_scheduled_time", "first_token_time", "finish_time", "trace_arrival_s"):
+            df[col] = df[col].astype(float)
+        for col in ("prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens", "num_preemptions"):
+            df[col] = df[col].astype("int64")
+        for col in ("trace_prompt_tokens", "trace_output_tokens"):
+            df[col] = df[col].astype("Int64")
+        return df
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.steps)

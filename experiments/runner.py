@@ -1,0 +1,299 @@
+"""The experiment runner: load a trace, replay it through an Engine, record, summarise, write results.
+
+    python run.py trace=azure                      # open the shipped Azure sample, replay offline
+    python run.py trace=azure replay=open_loop trace.time_scale=2 trace.max_requests=200
+    python run.py trace=mooncake replay=closed_loop replay.concurrency=8
+
+`run_trace(cfg, run_dir)` is the Hydra-free entry (any mapping-like cfg with the keys of conf/config.yaml);
+`replay_specs` runs an already built request list (the built-in offline workload uses it too).
+Ctrl-C: in-flight requests are aborted, everything measured so far is written (summary.json says
+"interrupted": true) and KeyboardInterrupt is re-raised. An exception during the replay is handled the
+same way (summary.json "error": the message) and re-raised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+from tqdm.auto import tqdm
+
+from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
+from experiments.recorder import Recorder
+from experiments.replay import MODES, Replay
+from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.traces import RequestSpec, load_trace
+from experiments.wandb_logger import WandbLogger
+
+# Config values copied into every sweep-table row (dotted paths into the resolved config).
+SWEEP_COLUMNS = ("model.name", "kernel.name", "scheduler.name", "scheduler.max_num_batched_tokens",
+                 "scheduler.max_num_seqs", "cache.name", "cache.block_size", "cache.prefix_caching",
+                 "trace.name", "trace.max_requests", "trace.time_scale", "replay.name", "replay.concurrency",
+                 "seed")
+
+
+# ---- config helpers -------------------------------------------------------------------------------
+def _get(cfg, path: str, default=None):
+    if isinstance(cfg, DictConfig):
+        value = OmegaConf.select(cfg, path, default=default)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    node = cfg
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _positive(value, key: str, integer: bool = False):
+    if value is None:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not value > 0 or not math.isfinite(value):
+        kind = "an integer >= 1" if integer else "a positive number"
+        raise ValueError(f"{key}: must be null or {kind}, got {value!r}")
+    return value
+
+
+def apply_length_policy(specs: list[RequestSpec], replay_cfg) -> tuple[list[RequestSpec], dict]:
+    """The replay's length policy, applied after the trace's own (max_model_len) policy:
+
+    lengths are multiplied by replay.length_scale (rounded up, at least 1), then capped at
+    replay.max_prompt_tokens / replay.max_output_tokens. A shortened prompt keeps its first tokens, so
+    shared prefixes (Mooncake hash blocks, system prompts) survive. Every change is counted."""
+    scale = _positive(_get(replay_cfg, "length_scale", 1.0), "replay.length_scale")
+    max_p = _positive(_get(replay_cfg, "max_prompt_tokens"), "replay.max_prompt_tokens", integer=True)
+    max_o = _positive(_get(replay_cfg, "max_output_tokens"), "replay.max_output_tokens", integer=True)
+    out, n_p, n_o = [], 0, 0
+    before = [sum(len(s.prompt_token_ids) for s in specs), sum(s.max_tokens for s in specs)]
+    for spec in specs:
+        p, o = len(spec.prompt_token_ids), spec.max_tokens
+        if scale != 1.0:
+            p, o = max(1, math.ceil(p * scale)), max(1, math.ceil(o * scale))
+        p, o = min(p, max_p or p), min(o, max_o or o)
+        if p != len(spec.prompt_token_ids) or o != spec.max_tokens:
+            n_p += p != len(spec.prompt_token_ids)
+            n_o += o != spec.max_tokens
+            spec = dataclasses.replace(spec, prompt_token_ids=spec.prompt_token_ids[:p], max_tokens=o)
+        out.append(spec)
+    report = {"length_scale": scale, "max_prompt_tokens": max_p, "max_output_tokens": max_o,
+              "clipped_prompts": n_p, "clipped_outputs": n_o,
+              "prompt_tokens_before": before[0], "output_tokens_before": before[1],
+              "prompt_tokens_after": sum(len(s.prompt_token_ids) for s in out),
+              "output_tokens_after": sum(s.max_tokens for s in out)}
+    return out, report
+
+
+def _hydra_info() -> dict:
+    """Run name, job number and overrides when running under Hydra (empty otherwise)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        hc = HydraConfig.get()
+    except Exception:  # noqa: BLE001 -- not running under Hydra
+        return {}
+    return {"overrides": list(hc.overrides.task), "job_num": OmegaConf.select(hc, "job.num", default=None)}
+
+
+def _override_columns(cfg, overrides: list[str]) -> dict:
+    """Resolved values of the overridden keys (so the swept parameters are sweep-table columns)."""
+    cols = {}
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if key.startswith("hydra") or "/" in key or key in ("experiment",):
+            continue
+        value = _get(cfg, key)
+        if isinstance(value, dict):
+            value = value.get("name", str(value))
+            key = f"{key}.name"
+        if value is None or isinstance(value, (bool, int, float, str)):
+            cols[key] = value
+        else:
+            cols[key] = str(value)
+    return cols
+
+
+@contextmanager
+def _sigint_deferred():
+    """Let aborting and result writing finish if Ctrl-C is pressed (again); yields a list that gets an
+    entry per deferred Ctrl-C, so the caller can re-raise afterwards."""
+    hits: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield hits
+        return
+    old = signal.signal(signal.SIGINT, lambda *_: hits.append(1))
+    try:
+        yield hits
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+# ---- entry points ---------------------------------------------------------------------------------
+def build_engine(cfg):
+    from experiments.engine_config import engine_config_from_cfg
+    from testbed import Engine
+    return Engine(engine_config_from_cfg(cfg))
+
+
+def trace_vocab_size(engine) -> int:
+    """Ids the synthesised prompts may use: the tokenizer's regular vocabulary (no added tokens)."""
+    vocab = engine.arch.vocab_size
+    tok = getattr(engine, "tokenizer", None)
+    if tok is not None and getattr(tok, "vocab_size", None):
+        vocab = min(vocab, tok.vocab_size)
+    return vocab
+
+
+def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
+    """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json)."""
+    trace_cfg = _get(cfg, "trace")
+    if not trace_cfg:
+        raise ValueError("mode=replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic "
+                         "(and trace.path=FILE for file-based traces)")
+    check_slo(_get(cfg, "slo"))                      # fail before loading a model
+    engine = engine or build_engine(cfg)
+    trace = load_trace(trace_cfg, vocab_size=trace_vocab_size(engine), max_model_len=engine.max_model_len,
+                       tokenizer=getattr(engine, "tokenizer", None))
+    specs, length_report = apply_length_policy(trace.requests, _get(cfg, "replay", {}))
+    report = {**trace.report, "replay_length_policy": length_report}
+    return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=trace.report.get("path"))
+
+
+def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], *, trace_report: dict | None = None,
+                 source: str | None = None, temperature: float | None = None, quiet: bool = False,
+                 recorder: Recorder | None = None) -> dict:
+    run_dir = Path(run_dir)
+    replay_cfg = _get(cfg, "replay", {}) or {}
+    mode = replay_cfg.get("name", "offline")
+    if mode not in MODES:
+        raise ValueError(f"replay.name: unknown replay mode {mode!r}; one of {list(MODES)}")
+    slo = check_slo(_get(cfg, "slo"))
+    percentiles = list(_get(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
+    resolved = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    experiment = _get(cfg, "experiment", "default")
+    hydra = _hydra_info()
+
+    recorder = (recorder or Recorder()).attach(engine)
+    wandb = WandbLogger(_get(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
+    recorder.listeners.append(wandb.log_step)
+    bar = tqdm(total=len(specs), unit="req", desc=f"{experiment} [{mode}]", dynamic_ncols=True,
+               mininterval=0.5, disable=quiet or not _get(cfg, "progress", True), file=sys.stderr)
+
+    def on_step(row):
+        if row["step"] % 8 == 0:
+            bar.set_postfix(run=row["num_running"], wait=row["num_waiting"], kv=f"{row['kv_usage']:.0%}",
+                            refresh=False)
+    recorder.listeners.append(on_step)
+    replay = Replay(engine, recorder,
+                    temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
+                    max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
+                    on_finish=lambda _row: bar.update(1), source=source)
+    interrupted, error = False, None
+    try:
+        replay.run(specs, mode, replay_cfg.get("concurrency"))
+    except (KeyboardInterrupt, Exception) as e:
+        if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
+            raise                             # rejected before anything ran: nothing to keep
+        interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
+        with _sigint_deferred():              # keep what was measured: abort the rest, write it all
+            replay.abort_in_flight()
+            replay.end_time = engine.clock()
+    finally:
+        bar.close()
+        recorder.detach()
+
+    with _sigint_deferred() as hits:
+        start = replay.start_time if replay.start_time is not None else engine.clock()
+        end = replay.end_time if replay.end_time is not None else start
+        requests, steps = recorder.requests_frame(), recorder.steps_frame()
+        summary = summarize(requests, steps, start, end, slo, percentiles)
+        summary.update({
+            "experiment": experiment, "replay": mode, "trace": (trace_report or {}).get("format"),
+            "num_requests": len(specs), "num_sent": replay.num_sent,
+            "interrupted": interrupted, "timed_out": replay.timed_out,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "start_time": start, "end_time": end,
+            "slo": slo, "percentiles": percentiles,
+        })
+        summary.update(spec_summary(engine))
+        write_run(run_dir, config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)), requests=requests,
+                  steps=steps, summary=summary, trace_report=trace_report)
+        table = _get(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
+        info = {"run_dir": _relative(run_dir, Path(table).parent), "job_num": hydra.get("job_num"),
+                "overrides": " ".join(hydra.get("overrides", []))}
+        info.update({col: _get(cfg, col) for col in SWEEP_COLUMNS})
+        info.update(_override_columns(cfg, hydra.get("overrides", [])))
+        append_sweep_row(Path(table), sweep_row(summary, info))
+        wandb.finish(summary, requests, exit_code=1 if interrupted else 0)
+    if not quiet:
+        print_summary(summary, engine, run_dir)
+    if error is not None:
+        raise error
+    if interrupted or hits:
+        raise KeyboardInterrupt
+    return summary
+
+
+def spec_summary(engine) -> dict:
+    """Speculative decoding counters (testbed.spec) as flat spec_* keys; empty without speculation."""
+    stats = getattr(engine, "spec_stats", None) or {}
+    return {f"spec_{k}": v for k, v in stats.items()}
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ---- console --------------------------------------------------------------------------------------
+def print_summary(summary: dict, engine, run_dir: Path, console: Console | None = None) -> None:
+    cfg = engine.config
+    title = (f"{engine.model_name} | kernel={cfg.kernel} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
+             f" | device={engine.device} | replay={summary.get('replay')}")
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+
+    def ms(key):
+        return f"{summary[key]:.0f} ms"
+    state = (" (interrupted)" if summary.get("interrupted") else " (failed)" if summary.get("error")
+             else " (timed out)" if summary.get("timed_out") else "")
+    rows = [
+        ("requests completed", f"{summary['completed']} / {summary['num_requests']}{state}"),
+        ("input / output tokens", f"{summary['total_input_tokens']} / {summary['total_output_tokens']}"),
+        ("duration", f"{summary['duration']:.2f} s"),
+        ("request throughput", f"{summary['request_throughput']:.2f} req/s"),
+        ("output throughput", f"{summary['output_throughput']:.1f} tok/s"),
+        ("total token throughput", f"{summary['total_token_throughput']:.1f} tok/s"),
+        ("TTFT mean / median / p99", f"{ms('mean_ttft_ms')} / {ms('median_ttft_ms')} / {ms('p99_ttft_ms')}"),
+        ("TPOT mean / p99", f"{ms('mean_tpot_ms')} / {ms('p99_tpot_ms')}"),
+        ("ITL mean / p99", f"{ms('mean_itl_ms')} / {ms('p99_itl_ms')}"),
+        ("E2E latency mean / p99", f"{ms('mean_e2el_ms')} / {ms('p99_e2el_ms')}"),
+    ]
+    if summary.get("request_goodput") is not None:
+        rows.append(("goodput (SLO attainment)",
+                     f"{summary['request_goodput']:.2f} req/s ({summary['slo_attainment']:.0%})"))
+    rows += [
+        ("KV utilisation mean / max", f"{summary['kv_utilization_mean']:.1%} / {summary['kv_utilization_max']:.1%}"),
+        ("fragmentation int / res / ext",
+         f"{summary['frag_internal']:.1%} / {summary['frag_reserved']:.1%} / {summary['frag_external']:.1%}"),
+        ("prefix-hit rate", f"{summary['prefix_hit_rate']:.1%}"),
+        ("preemptions", f"{summary['num_preemptions']}"),
+        ("steps (mean batch)", f"{summary['num_steps']} ({summary['mean_batch_size']:.1f})"),
+    ]
+    if summary.get("spec_method"):
+        rows.append((f"spec={summary['spec_method']}: acceptance / mean accepted length",
+                     f"{summary['spec_acceptance_rate']:.1%} / {summary['spec_mean_accepted_length']:.2f}"))
+    for row in rows:
+        table.add_row(*row)
+    console = console or Console()
+    console.print(table)
+    console.print(f"results: {run_dir}")

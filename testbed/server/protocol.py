@@ -1,0 +1,263 @@
+"""OpenAI-compatible request/response bodies (pydantic), and the mapping onto SamplingParams.
+
+Requests are validated strictly (no silent "1" -> 1 coercion): a wrong type, a missing field or a value
+out of range is an OpenAI-style error body with HTTP 400, built by `error_body`.
+Extensions beyond OpenAI's names, as vLLM spells them: top_k, min_p, ignore_eos, stop_token_ids,
+stream_options.continuous_usage_stats (usage on every streamed chunk).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from testbed.sampling_params import SamplingParams
+
+
+class APIError(Exception):
+    """An error the server answers with an OpenAI-style body."""
+
+    def __init__(self, message: str, status_code: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message, self.status_code, self.type, self.param, self.code = message, status_code, type, param, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def validation_error_to_api_error(exc: ValidationError) -> APIError:
+    errors = exc.errors(include_url=False)
+    loc = errors[0].get("loc", ()) if errors else ()
+    param = str(loc[0]) if loc else None
+    messages = []
+    for err in errors[:4]:
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        msg = err["msg"].removeprefix("Value error, ")
+        messages.append(f"{where}: {msg}" if where else msg)
+    return APIError("; ".join(messages), 400, "invalid_request_error", param, "invalid_value")
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# ---- requests ---------------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool = False
+    continuous_usage_stats: bool = False      # vLLM extension: usage on every chunk
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = Field(default=None, ge=-2 ** 63, le=2 ** 64 - 1)     # torch.Generator's range
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    priority: int = Field(default=0, ge=-2 ** 63, le=2 ** 63 - 1)   # vLLM extension (policy-dependent)
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        if self.n != 1:
+            raise ValueError(f"n={self.n} is not supported: only n=1")
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError("presence_penalty and frequency_penalty are not supported (must be 0)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if isinstance(self.stop, list) and len(self.stop) > 16:
+            raise ValueError("at most 16 stop sequences")
+        if self.stop == "" or (isinstance(self.stop, list) and "" in self.stop):
+            raise ValueError("stop sequences must be non-empty")
+        return self
+
+    def _max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def _logprobs(self) -> int | None:
+        return None
+
+    def default_max_tokens(self) -> int | None:
+        return None
+
+    def to_sampling_params(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        max_tokens = self._max_tokens()
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            max_tokens=self.default_max_tokens() if max_tokens is None else max_tokens,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+            logprobs=self._logprobs(),
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(_SamplingFields):
+    # str | [str] (one) | [int] | [[int]] (one)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _prompt(self):
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)) \
+                and len(self.prompt) != 1:
+            raise ValueError(f"a batch of {len(self.prompt)} prompts is not supported: send one prompt")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError(f"best_of={self.best_of} is not supported: only 1")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return p[0]
+        return p
+
+    def default_max_tokens(self) -> int | None:
+        return 16            # OpenAI's default for completions
+
+    def _logprobs(self) -> int | None:
+        return self.logprobs
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True       # vLLM extension
+    tools: Any = None
+
+    @model_validator(mode="after")
+    def _chat(self):
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    def _max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def _logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def conversation(self) -> list[dict]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+# ---- responses ------------------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
+                        logprobs: dict | None, usage_: dict, stop_reason=None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                         "stop_reason": stop_reason}],
+            "usage": usage_}
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None,
+                     logprobs: dict | None = None, usage_: dict | None = None, stop_reason=None) -> dict:
+    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                          "stop_reason": stop_reason}]}
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
+                  logprobs: dict | None, usage_: dict, stop_reason=None) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}],
+            "usage": usage_}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict, finish_reason: str | None,
+               logprobs: dict | None = None, usage_: dict | None = None, stop_reason=None) -> dict:
+    chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+                          "stop_reason": stop_reason}]}
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def usage_chunk(rid: str, created: int, model: str, obj: str, usage_: dict) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_}
+
+
+def model_list(model: str, created: int, max_model_len: int, vocab_size: int | None = None) -> dict:
+    card = {"id": model, "object": "model", "created": created, "owned_by": "testbed", "root": model,
+            "max_model_len": max_model_len, "vocab_size": vocab_size}   # the last two: for trace replay
+    return {"object": "list", "data": [card]}

@@ -1,0 +1,161 @@
+"""Model-based proposers: a separate draft model, or the target's first L layers (layerskip).
+
+KV layout: the draft's KV lives in the target's block ids. Its verified part is written whenever the
+target's is (the draft model runs on the same inputs and slot mapping after every target forward;
+for layerskip the target's own first L layers are that KV), so prefix-cache hits, preemption and
+rejection rewinds keep both in step with no bookkeeping of their own. The proposal loop writes the
+speculative positions (>= num_computed_tokens) into the request's own blocks, which no one else holds
+there (shared blocks are full of computed tokens) and which the target overwrites before it reads
+them, and into scratch blocks past the pool (ids >= num_blocks) where the request has no block yet.
+"""
+import torch
+
+from testbed.attention.backend import AttentionMetadata
+from testbed.executor.sampler import filter_logits
+from testbed.spec.base import Proposer
+
+
+class ModelProposer(Proposer):
+    name = "model"
+
+    def __init__(self, model, num_layers: int, num_blocks: int, block_size: int, max_num_seqs: int, k: int, device):
+        self.model = model
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = device
+        self.scratch_per_request = -(-k // block_size) + 1
+        self.num_scratch = max_num_seqs * self.scratch_per_request
+        self.kv_caches = None
+        self.block_ids_of = None
+        self.sampler = None
+
+    def attach(self, engine, target_kv_caches, sampler) -> None:
+        self.block_ids_of = engine.kv.get_block_ids
+        self.sampler = sampler
+
+    @torch.inference_mode()
+    def propose(self, requests, num_tokens):
+        results = [([], None) for _ in requests]
+        group, used = [], 0
+        for i, (r, k) in enumerate(zip(requests, num_tokens)):
+            need = self._scratch_needed(r, k)
+            if group and used + need > self.num_scratch:
+                self._propose_group(requests, num_tokens, group, results)
+                group, used = [], 0
+            group.append(i)
+            used += need
+        if group:
+            self._propose_group(requests, num_tokens, group, results)
+        return results
+
+    def _scratch_needed(self, request, k: int) -> int:
+        last_pos = request.num_tokens - 1 + k - 1
+        return max(0, last_pos // self.block_size + 1 - len(self.block_ids_of(request.request_id)))
+
+    def _propose_group(self, requests, num_tokens, group, results) -> None:
+        bs, dev = self.block_size, self.device
+        reqs = [requests[i] for i in group]
+        ks = [num_tokens[i] for i in group]
+        tables, next_scratch = [], self.num_blocks
+        for r, k in zip(reqs, ks):
+            table = self.block_ids_of(r.request_id)
+            need = self._scratch_needed(r, k)
+            tables.append(table + list(range(next_scratch, next_scratch + need)))
+            next_scratch += need
+        width = max(len(t) for t in tables)
+        block_tables = torch.zeros((len(reqs), width), dtype=torch.int32)
+        for i, t in enumerate(tables):
+            block_tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        block_tables = block_tables.to(dev)
+        gens = [self.sampler._generator(r.request_id, r.sampling_params) for r in reqs]
+        drafts = [[] for _ in reqs]
+        probs = [[] for _ in reqs]
+        last = [r.all_token_ids[-1] for r in reqs]
+        active = list(range(len(reqs)))
+        step = 0
+        while active:
+            pos = [reqs[i].num_tokens - 1 + step for i in active]
+            slots = [tables[i][p // bs] * bs + p % bs for i, p in zip(active, pos)]
+            idx = torch.tensor(active, dtype=torch.long, device=dev)
+            seq_lens = torch.tensor([p + 1 for p in pos], dtype=torch.int32, device=dev)
+            meta = AttentionMetadata(
+                slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+                query_start_loc=torch.arange(len(active) + 1, dtype=torch.int32, device=dev),
+                seq_lens=seq_lens, block_tables=block_tables[idx], max_query_len=1, max_seq_len=max(pos) + 1)
+            hidden = self.model(torch.tensor([last[i] for i in active], dtype=torch.long, device=dev),
+                                torch.tensor(pos, dtype=torch.long, device=dev), self.kv_caches, meta,
+                                num_layers=self.num_layers)
+            logits = self.model.compute_logits(hidden)
+            params = [reqs[i].sampling_params for i in active]
+            tokens = logits.argmax(dim=-1).tolist()
+            sampling = [j for j, p in enumerate(params) if not p.greedy]
+            if sampling:
+                q = filter_logits(logits[sampling], [params[j] for j in sampling]).softmax(dim=-1)
+                by_gen: dict[int, list[int]] = {}          # rows sharing a generator draw together
+                for row, j in enumerate(sampling):
+                    by_gen.setdefault(id(gens[active[j]]), []).append(row)
+                for rows in by_gen.values():
+                    drawn = torch.multinomial(q[rows], 1, generator=gens[active[sampling[rows[0]]]]).squeeze(1)
+                    for row, token in zip(rows, drawn.tolist()):
+                        tokens[sampling[row]] = token
+                for row, j in enumerate(sampling):
+                    probs[active[j]].append(q[row])
+            for j, i in enumerate(active):
+                drafts[i].append(tokens[j])
+                last[i] = tokens[j]
+            step += 1
+            active = [i for i in active if len(drafts[i]) < ks[i]]
+        for n, i in enumerate(group):
+            results[i] = (drafts[n], torch.stack(probs[n]) if probs[n] else None)
+
+
+class DraftModelProposer(ModelProposer):
+    """A separate, smaller model with the target's vocabulary and its own KV tensors."""
+    name = "draft"
+
+    def __init__(self, model, num_layers, num_blocks, block_size, max_num_seqs, k, device, dtype):
+        super().__init__(model, num_layers, num_blocks, block_size, max_num_seqs, k, device)
+        from testbed.executor.model_runner import allocate_kv_cache
+        self.kv_caches = allocate_kv_cache(model.arch, num_blocks + self.num_scratch, block_size, num_layers,
+                                           dtype, device)
+
+        self.host_kv_caches = None       # swap preemption: the draft's host pool, same ids as the target's
+        self.engine = None
+
+    def attach(self, engine, target_kv_caches, sampler) -> None:
+        super().attach(engine, target_kv_caches, sampler)
+        self.engine = engine
+
+    @torch.inference_mode()
+    def observe(self, inputs) -> None:
+        self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, num_layers=self.num_layers)
+
+    @torch.inference_mode()
+    def copy_blocks(self, src, dst, to_host) -> None:
+        if self.host_kv_caches is None:
+            from testbed.executor.model_runner import allocate_kv_cache
+            swap = self.engine.scheduler.swap
+            self.host_kv_caches = allocate_kv_cache(self.model.arch, swap.num_cpu_blocks, self.block_size,
+                                                    self.num_layers, self.kv_caches[0][0].dtype, "cpu")
+        src_ids, dst_ids = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
+        for device_kv, host_kv in zip(self.kv_caches, self.host_kv_caches):
+            for dev, host in zip(device_kv, host_kv):
+                if to_host:
+                    host[dst_ids] = dev[src_ids.to(dev.device)].to("cpu")
+                else:
+                    dev[dst_ids.to(dev.device)] = host[src_ids].to(dev.device)
+
+
+class LayerSkipProposer(ModelProposer):
+    """Self-speculation: the target's first L layers, its final norm and LM head. No extra weights; the
+    target's own KV of those layers is the draft's, so observe() has nothing to do."""
+    name = "layerskip"
+
+    @property
+    def extra_target_kv_blocks(self) -> int:
+        return self.num_scratch
+
+    def attach(self, engine, target_kv_caches, sampler) -> None:
+        super().attach(engine, target_kv_caches, sampler)
+        self.kv_caches = target_kv_caches[:self.num_layers]
