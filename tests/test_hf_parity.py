@@ -50,7 +50,7 @@ def _greedy(llm, prompt_ids):
 
 MODES = {
     "plain": dict(),
-    "small_chunks": dict(max_num_batched_tokens=7),
+    "small_chunks": dict(max_num_batched_tokens=16),  # prompts up to ~45 tokens: chunked
     "prefix_cache": dict(enable_prefix_caching=True, block_size=4),
     "odd_block_size": dict(block_size=5),
     "preemption": dict(block_size=4, num_blocks=40, max_num_seqs=16),
