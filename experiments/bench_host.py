@@ -112,9 +112,10 @@ def main() -> None:
             f"Engine step with no model: schedule + KV bookkeeping + input preparation (host half) + output "
             f"handling; N requests decoding one token each; {a.steps} steps, median per phase (us).\n\n"
             f"{table}\n\n"
-            f"The (gc.freeze) row moves the objects alive at steady state (KV blocks, requests) out of the cyclic "
-            f"garbage collector's generations first, as serving engines do after start-up; the engine does not "
-            f"do this itself.\n\n"
+            + ("" if a.no_gc_freeze_rows else
+               "The (gc.freeze) row moves the objects alive at steady state (KV blocks, requests) out of the "
+               "cyclic garbage collector's generations first, as serving engines do after start-up; the engine "
+               "does not do this itself.\n\n") +
             f"- machine: {env['cpu']}, {env['cpu_count']} cores; python {env['python']}, torch {env['torch']}, "
             f"numpy {env['numpy']}\n- date: {env['date']}; git {env['git']}\n- command: `{env['command']}`\n"
             f"- load average (1/5/15 min) before: {load_before}; after: {env['load_average_after']} "

@@ -165,7 +165,7 @@ def test_cuda_graphs_match_eager(dtype):
     # long enough prompts that small batches use split-KV inside the graphs
     prompts = random_prompts(13, 300, 700, seed=2)
     kw = dict(model="tiny", kernel="triton", block_size=16, max_num_seqs=16, max_model_len=1024, dtype=dtype,
-              gpu_memory_utilization=0.3, max_num_batched_tokens=2048)
+              num_blocks=2048, max_num_batched_tokens=2048)
     eager_llm = LLM(**kw, enforce_eager=True)
     assert eager_llm.engine.executor.cuda_graphs is None
     eager = greedy(eager_llm, prompts, max_tokens=16)
@@ -185,7 +185,7 @@ def test_cuda_graphs_match_eager(dtype):
 @needs_cuda
 def test_decode_steps_sync_only_to_read_tokens():
     """Per decode step, the only host-device synchronisation is reading the sampled tokens."""
-    llm = LLM(model="tiny", kernel="triton", max_num_seqs=8, max_model_len=512, gpu_memory_utilization=0.3)
+    llm = LLM(model="tiny", kernel="triton", max_num_seqs=8, max_model_len=512, num_blocks=1024)
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for i, p in enumerate(random_prompts(8, 20, 60, seed=3)):
@@ -209,7 +209,7 @@ def test_decode_steps_sync_only_to_read_tokens():
 @pytest.mark.gpu
 @needs_cuda
 def test_pinned_staging_on_cuda():
-    llm = LLM(model="tiny", kernel="triton", max_num_seqs=4, gpu_memory_utilization=0.3, max_model_len=256)
+    llm = LLM(model="tiny", kernel="triton", max_num_seqs=4, num_blocks=256, max_model_len=256)
     buffers = llm.engine.executor.input_buffers
     assert buffers.cuda and all(t.is_pinned() for t, _ in buffers._host[0].values())
     assert greedy(llm, random_prompts(3, 5, 20), max_tokens=4)
