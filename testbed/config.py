@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, fields
 @dataclass
 class EngineConfig:
     model: str = "smollm2-135m"          # built-in name, conf/model shape name, or HF folder path
-    kernel: str = "torch"                # attention/layer kernels: torch | triton
+    kernel: str = "torch"                # attention/layer kernels: torch | triton | cpu
     scheduler: str = "fcfs"              # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)
     cache: str = "paged"                 # KV allocator (testbed.core.allocators): paged | static_max | static_pow2 | static_oracle

@@ -76,6 +76,7 @@ class KernelBackend:
 _BACKENDS = {
     "torch": "testbed.attention.backend:KernelBackend",
     "triton": "testbed.attention.triton_backend:TritonBackend",
+    "cpu": "testbed.attention.cpu_backend:CpuBackend",
 }
 
 

@@ -1,0 +1,54 @@
+"""CPU backend (`kernel=cpu`): what makes the engine fast on a CPU without changing its results.
+
+Decode rows go to a C++ paged-decode kernel that reads K/V straight through the block table (the torch
+reference gathers every sequence's blocks into a padded copy first, which dominated decode time);
+prefill chunks run torch's fused scaled_dot_product_attention per sequence. Layer ops are the reference's.
+"""
+import torch
+import torch.nn.functional as F
+
+import kernels.cpu as cpu_kernels
+from kernels import reference
+from testbed.attention.backend import AttentionMetadata, KernelBackend
+
+
+class CpuBackend(KernelBackend):
+    name = "cpu"
+
+    def __init__(self):
+        cpu_kernels.load()        # compile (or load the cached build) now, not inside the first step
+
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        reference.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode_only and q.shape[0] == meta.num_seqs:
+            return cpu_kernels.paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
+        out = torch.empty_like(q)
+        starts = meta.query_start_loc.tolist()
+        lens = meta.seq_lens.tolist()
+        decode_seqs = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+        if decode_seqs:                      # a mixed step: the decoding sequences still go through the kernel
+            idx = torch.tensor(decode_seqs)
+            rows = torch.tensor([starts[i] for i in decode_seqs])
+            out[rows] = cpu_kernels.paged_decode(q[rows], k_cache, v_cache, meta.seq_lens[idx],
+                                                 meta.block_tables[idx], scale)
+        for i, ctx_len in enumerate(lens):
+            q_lo, q_hi = starts[i], starts[i + 1]
+            if q_hi - q_lo > 1:
+                out[q_lo:q_hi] = _prefill_one(q[q_lo:q_hi], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
+        return out
+
+
+def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -> torch.Tensor:
+    """Causal attention of one sequence's query chunk (the last q_len tokens of ctx_len) over its cache."""
+    q_len = q.shape[0]
+    # 4-D [1, heads, len, d] inputs: torch's CPU flash kernel (3-D ones fall back to the unfused math path)
+    k = reference.gather_kv_ref(k_cache, block_table, ctx_len).transpose(0, 1)[None]
+    v = reference.gather_kv_ref(v_cache, block_table, ctx_len).transpose(0, 1)[None]
+    if q_len == ctx_len:
+        mask, causal = None, True
+    else:                                  # a chunk after a cached prefix: query i sees keys up to its position
+        q_pos = torch.arange(ctx_len - q_len, ctx_len).unsqueeze(1)
+        mask, causal = torch.arange(ctx_len).unsqueeze(0) <= q_pos, False
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=causal,
+                                         scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)

@@ -1,0 +1,106 @@
+"""kernel=cpu: the C++ paged-decode kernel and the CPU backend vs the torch references, on fresh random inputs."""
+import shutil
+
+import pytest
+import torch
+
+from kernels.reference import paged_attention_ref
+from testbed.attention.backend import AttentionMetadata, KernelBackend
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                reason="kernel=cpu builds its kernels with a C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels():
+    import kernels.cpu
+    kernels.cpu.load()
+    return kernels.cpu
+
+
+def cpu_paged_kv(paged_kv, *args, **kw):
+    return [t.cpu() for t in paged_kv(*args, **kw)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("block_size,head_dim", [(8, 64), (16, 128), (5, 64), (256, 64)])
+def test_paged_decode_matches_reference(cpu_kernels, paged_kv, assert_close, dtype, group, block_size, head_dim):
+    # lengths that are not multiples of the block size, a single token, and one exactly on a block boundary
+    ctx_lens = [1, 3 * block_size, 3 * block_size + 1, 77, 300]
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, ctx_lens, block_size, 2, head_dim, dtype,
+                                                      seed=block_size + group)
+    q = torch.randn(len(ctx_lens), 2 * group, head_dim).to(dtype)
+    qsl = torch.arange(len(ctx_lens) + 1, dtype=torch.int32)
+    scale = head_dim ** -0.5
+    ref = paged_attention_ref(q, k_cache, v_cache, qsl, seq_lens, tables, scale)
+    out = torch.full_like(q, float("nan"))                # poisoned: every element must be written
+    assert cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, out=out) is out
+    assert_close(out, ref)
+
+
+def test_paged_decode_strided_query(cpu_kernels, paged_kv, assert_close):
+    """q sliced out of a fused qkv projection (row stride > heads * head_dim) is read correctly."""
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [40, 9], 16, 3, 64, torch.float32)
+    qkv = torch.randn(2, (9 + 6) * 64)
+    q = qkv[:, :9 * 64].view(2, 9, 64)
+    assert not q.is_contiguous()
+    ref = paged_attention_ref(q.contiguous(), k_cache, v_cache, torch.tensor([0, 1, 2]), seq_lens, tables, 0.125)
+    assert_close(cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, 0.125), ref)
+
+
+def test_paged_decode_rejects_bad_input(cpu_kernels, paged_kv):
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [10], 16, 2, 64, torch.float32)
+    q = torch.randn(1, 4, 64)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        cpu_kernels.paged_decode(q.half(), k_cache, v_cache, seq_lens, tables, 0.125)
+    with pytest.raises(RuntimeError, match="batch sizes disagree"):
+        cpu_kernels.paged_decode(torch.randn(2, 4, 64), k_cache, v_cache, seq_lens, tables, 0.125)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        kc, vc, t, s = cpu_paged_kv(paged_kv, [10], 16, 2, 12, torch.float32)
+        cpu_kernels.paged_decode(torch.randn(1, 4, 12), kc, vc, s, t, 0.125)
+
+
+def mixed_step(block_size, num_kv_heads, group, head_dim, dtype, seed):
+    """A step mixing a fresh prompt, a chunk after a cached prefix, decodes, an idle sequence and a
+    speculative-verification-sized chunk: new k/v not yet in the cache, as the model hands them over."""
+    gen = torch.Generator().manual_seed(seed)
+    q_lens = [9, 6, 1, 0, 1, 5]
+    ctx_lens = [9, 6 + 2 * block_size + 3, 1, 4, 70, 33]
+    max_blocks = max(-(-n // block_size) for n in ctx_lens)
+    num_blocks = len(ctx_lens) * max_blocks + 3
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[:len(ctx_lens) * max_blocks].view(len(ctx_lens), -1)
+    slots = [int(tables[i, p // block_size]) * block_size + p % block_size
+             for i, (ql, cl) in enumerate(zip(q_lens, ctx_lens)) for p in range(cl - ql, cl)]
+    n = sum(q_lens)
+    q = torch.randn(n, num_kv_heads * group, head_dim, generator=gen).to(dtype)
+    k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(),
+                             seq_lens=torch.tensor(ctx_lens, dtype=torch.int32), block_tables=tables.int(),
+                             max_query_len=max(q_lens), max_seq_len=max(ctx_lens))
+    return q, k, v, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 3])
+def test_cpu_backend_mixed_step_matches_reference(cpu_kernels, assert_close, dtype, group):
+    from testbed.attention.cpu_backend import CpuBackend
+    q, k, v, k_cache, v_cache, meta = mixed_step(16, 2, group, 64, dtype, seed=group)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    ref = KernelBackend().attention(q, k, v, ref_k, ref_v, meta, 0.125)
+    out = CpuBackend().attention(q, k, v, k_cache, v_cache, meta, 0.125)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    assert_close(out, ref)
+
+
+def test_cpu_backend_decode_only_step(cpu_kernels, paged_kv, assert_close):
+    from testbed.attention.cpu_backend import CpuBackend
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [17, 64, 5], 16, 1, 64, torch.float32)
+    slots = torch.tensor([int(tables[i, (n - 1) // 16]) * 16 + (n - 1) % 16 for i, n in enumerate([17, 64, 5])])
+    q, k, v = torch.randn(3, 4, 64), torch.randn(3, 1, 64), torch.randn(3, 1, 64)
+    meta = AttentionMetadata(slots, torch.arange(4, dtype=torch.int32), seq_lens, tables, 1, 64)
+    ref = KernelBackend().attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125)
+    assert_close(CpuBackend().attention(q, k, v, k_cache, v_cache, meta, 0.125), ref)
