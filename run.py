@@ -1,4 +1,5 @@
-"""Entry point: `python run.py [overrides]` assembles the engine from conf/ and runs the chosen mode."""
+"""Entry point: `python run.py [overrides]` (or `testbed-run [overrides]`, from any directory) assembles the
+engine from conf/ and runs the chosen mode."""
 import sys
 from pathlib import Path
 
@@ -6,8 +7,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+# absolute: the `testbed-run` console script imports this file as the module `run`, and Hydra would then
+# look for a `conf` package instead of the folder next to it (and fail outside the repository root)
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     from experiments.engine_config import engine_config_from_cfg
     from testbed import Engine

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -35,21 +34,14 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.metrics import request_summary
-from experiments.recorder import REQUEST_COLUMNS
+from experiments.recorder import REQUEST_COLUMNS, request_row, requests_frame
 from experiments.traces.spec import RequestSpec
 
 COLUMNS = REQUEST_COLUMNS + ["error"]
 
 
 def _row(spec: RequestSpec, arrival_time: float) -> dict:
-    meta = spec.meta or {}
-    return {"request_id": spec.request_id, "trace_arrival_s": float(spec.arrival_s), "arrival_time": arrival_time,
-            "first_scheduled_time": math.nan, "first_token_time": math.nan, "finish_time": math.nan,
-            "prompt_tokens": spec.prompt_len, "output_tokens": 0, "target_output_tokens": spec.max_tokens,
-            "cached_tokens": 0, "num_preemptions": 0, "finish_reason": None,
-            "trace_prompt_tokens": meta.get("prompt_len"), "trace_output_tokens": meta.get("output_len"),
-            "trace_line": None if meta.get("line") is None else str(meta.get("line")), "token_times": [],
-            "error": ""}
+    return {**request_row(spec, arrival_time), "error": ""}
 
 
 def request_body(spec: RequestSpec, model: str, temperature: float = 0.0, extra: dict | None = None) -> dict:
@@ -60,6 +52,10 @@ def request_body(spec: RequestSpec, model: str, temperature: float = 0.0, extra:
         body["priority"] = int(spec.priority)
     body.update(extra or {})
     return body
+
+
+def _auth_headers(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, row: dict) -> None:
@@ -90,7 +86,7 @@ async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, 
                 else:
                     n_new = 1 if choices[0].get("text") or (choices[0].get("delta") or {}).get("content") else 0
                 if n_new > 0:
-                    if math.isnan(row["first_token_time"]):
+                    if row["first_token_time"] is None:
                         row["first_token_time"] = now
                     row["token_times"].extend([now] * n_new)
                     row["output_tokens"] += n_new
@@ -101,7 +97,7 @@ async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, 
         row["error"] = f"{type(e).__name__}: {e}"
     finally:
         if row["error"]:
-            row["finish_reason"], row["finish_time"] = "error", math.nan
+            row["finish_reason"], row["finish_time"] = "error", None
         elif row["finish_reason"] is None:    # stream ended without a finish reason
             row["finish_reason"], row["error"] = "error", "stream ended without finish_reason"
 
@@ -128,7 +124,7 @@ async def replay_http_async(specs: Sequence[RequestSpec], base_url: str, model: 
         raise ValueError(f"closed-loop replay needs concurrency >= 1, got {concurrency!r}")
     base = base_url.rstrip("/")
     url = base + ("" if base.endswith("/v1") else "/v1") + "/completions"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = _auth_headers(api_key)
     specs = list(specs) if mode == "closed_loop" else sorted(specs, key=lambda s: s.arrival_s)
     rows: list[dict] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -158,7 +154,7 @@ async def replay_http_async(specs: Sequence[RequestSpec], base_url: str, model: 
                 rows.append(row)
                 tasks.append(asyncio.ensure_future(_send(client, url, headers, spec, body(spec), row)))
             await asyncio.gather(*tasks)
-    df = to_frame(rows)
+    df = requests_frame(rows, COLUMNS)
     finished = df["finish_time"].dropna()
     return HttpReplay(df, t0, float(finished.max()) if len(finished) else time.monotonic())
 
@@ -168,23 +164,12 @@ def replay_http(specs: Sequence[RequestSpec], base_url: str, model: str, **kwarg
     return asyncio.run(replay_http_async(specs, base_url, model, **kwargs))
 
 
-def to_frame(rows: Sequence[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(list(rows), columns=COLUMNS)
-    for col in ("arrival_time", "first_scheduled_time", "first_token_time", "finish_time", "trace_arrival_s"):
-        df[col] = df[col].astype(float)
-    for col in ("prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens", "num_preemptions"):
-        df[col] = df[col].astype("int64")
-    for col in ("trace_prompt_tokens", "trace_output_tokens"):
-        df[col] = df[col].astype("Int64")
-    return df
-
-
 # ---- the experiment over HTTP: same config, same result files as experiments.runner --------------------------
 def server_info(base_url: str, api_key: str | None = None) -> dict:
     """The served model's card: id, max_model_len, vocab_size (this server's extension fields)."""
     import httpx
     base = base_url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = _auth_headers(api_key)
     r = httpx.get(base + "/v1/models", headers=headers, timeout=30)
     r.raise_for_status()
     return r.json()["data"][0]
@@ -198,20 +183,16 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
 
     from experiments.metrics import DEFAULT_PERCENTILES, check_slo
     from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
-    from experiments.runner import apply_length_policy
+    from experiments.runner import apply_length_policy, config_value
     from experiments.traces import load_trace
 
-    def get(path, default=None):
-        value = OmegaConf.select(cfg, path, default=default)
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
     run_dir = Path(run_dir)
-    trace_cfg = get("trace")
+    trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:
         raise ValueError("an HTTP replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic")
-    slo = check_slo(get("slo"))
-    percentiles = list(get("metrics.percentiles") or DEFAULT_PERCENTILES)
-    replay_cfg = get("replay") or {}
+    slo = check_slo(config_value(cfg, "slo"))
+    percentiles = list(config_value(cfg, "metrics.percentiles") or DEFAULT_PERCENTILES)
+    replay_cfg = config_value(cfg, "replay") or {}
     mode = replay_cfg.get("name", "open_loop")
     info = server_info(url, api_key)
     trace = load_trace(trace_cfg, vocab_size=int(info.get("vocab_size") or 32000),
@@ -220,14 +201,14 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     run = replay_http(specs, url, info["id"], api_key=api_key, mode=mode, concurrency=replay_cfg.get("concurrency"),
                       temperature=replay_cfg.get("temperature", 0.0) or 0.0)
     summary = run.summary(slo, percentiles=percentiles)
-    experiment = get("experiment", "default")
+    experiment = config_value(cfg, "experiment", "default")
     summary.update({"experiment": experiment, "replay": mode, "trace": trace.report.get("format"),
                     "target": "http", "url": url, "model": info["id"], "num_requests": len(specs),
                     "num_sent": len(run.requests), "start_time": run.start_time, "end_time": run.end_time,
                     "slo": slo, "percentiles": percentiles})
     write_run(run_dir, config_yaml=OmegaConf.to_yaml(cfg), requests=run.requests, steps=pd.DataFrame(),
               summary=summary, trace_report={**trace.report, "replay_length_policy": length_report})
-    table = Path(get("results.sweep_table") or run_dir.parent / SWEEP_TABLE)
+    table = Path(config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE)
     append_sweep_row(table, sweep_row(summary, {"run_dir": run_dir.name, "target": "http", "model.name": info["id"],
                                                 "trace.name": trace_cfg.get("name"), "replay.name": mode}))
     if not quiet:

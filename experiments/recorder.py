@@ -19,6 +19,32 @@ REQUEST_COLUMNS = [
 ]
 
 
+def request_row(spec, arrival_time: float) -> dict:
+    """A sent request's row before anything came back (times None, counts 0)."""
+    meta = spec.meta or {}
+    return {
+        "request_id": spec.request_id, "trace_arrival_s": float(spec.arrival_s),
+        "arrival_time": float(arrival_time), "first_scheduled_time": None, "first_token_time": None,
+        "finish_time": None, "prompt_tokens": len(spec.prompt_token_ids), "output_tokens": 0,
+        "target_output_tokens": spec.max_tokens, "cached_tokens": 0, "num_preemptions": 0,
+        "finish_reason": None, "trace_prompt_tokens": meta.get("prompt_len"),
+        "trace_output_tokens": meta.get("output_len"),
+        "trace_line": None if meta.get("line") is None else str(meta.get("line")), "token_times": [],
+    }
+
+
+def requests_frame(rows, columns: list[str] = REQUEST_COLUMNS) -> pd.DataFrame:
+    """The requests table from rows (None times become NaN; trace lengths stay nullable integers)."""
+    df = pd.DataFrame(list(rows), columns=columns)
+    for col in ("arrival_time", "first_scheduled_time", "first_token_time", "finish_time", "trace_arrival_s"):
+        df[col] = df[col].astype(float)
+    for col in ("prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens", "num_preemptions"):
+        df[col] = df[col].astype("int64")
+    for col in ("trace_prompt_tokens", "trace_output_tokens"):
+        df[col] = df[col].astype("Int64")
+    return df
+
+
 def kv_fields(kv) -> dict:
     """Flatten a KVCacheStats (any version) into kv_* columns plus the derived ratios.
 
@@ -85,16 +111,7 @@ class Recorder:
             listener(row)
 
     def on_add(self, spec, arrival_time: float) -> None:
-        meta = spec.meta or {}
-        self.requests[spec.request_id] = {
-            "request_id": spec.request_id, "trace_arrival_s": float(spec.arrival_s),
-            "arrival_time": float(arrival_time), "first_scheduled_time": None, "first_token_time": None,
-            "finish_time": None, "prompt_tokens": len(spec.prompt_token_ids), "output_tokens": 0,
-            "target_output_tokens": spec.max_tokens, "cached_tokens": 0, "num_preemptions": 0,
-            "finish_reason": None, "trace_prompt_tokens": meta.get("prompt_len"),
-            "trace_output_tokens": meta.get("output_len"),
-            "trace_line": None if meta.get("line") is None else str(meta.get("line")), "token_times": [],
-        }
+        self.requests[spec.request_id] = request_row(spec, arrival_time)
 
     def on_output(self, out) -> None:
         """Record a RequestOutput; only finished ones (including aborts) carry final numbers."""
@@ -133,14 +150,7 @@ class Recorder:
         return [rid for rid, r in self.requests.items() if r["finish_reason"] is None]
 
     def requests_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(list(self.requests.values()), columns=REQUEST_COLUMNS)
-        for col in ("arrival_time", "first_scheduled_time", "first_token_time", "finish_time", "trace_arrival_s"):
-            df[col] = df[col].astype(float)
-        for col in ("prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens", "num_preemptions"):
-            df[col] = df[col].astype("int64")
-        for col in ("trace_prompt_tokens", "trace_output_tokens"):
-            df[col] = df[col].astype("Int64")
-        return df
+        return requests_frame(self.requests.values())
 
     def steps_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.steps)

@@ -40,7 +40,8 @@ SWEEP_COLUMNS = ("model.name", "kernel.name", "scheduler.name", "scheduler.max_n
 
 
 # ---- config helpers -------------------------------------------------------------------------------
-def _get(cfg, path: str, default=None):
+def config_value(cfg, path: str, default=None):
+    """cfg's value at a dotted path (plain containers, interpolations resolved), or default."""
     if isinstance(cfg, DictConfig):
         value = OmegaConf.select(cfg, path, default=default)
         return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
@@ -68,9 +69,9 @@ def apply_length_policy(specs: list[RequestSpec], replay_cfg) -> tuple[list[Requ
     lengths are multiplied by replay.length_scale (rounded up, at least 1), then capped at
     replay.max_prompt_tokens / replay.max_output_tokens. A shortened prompt keeps its first tokens, so
     shared prefixes (Mooncake hash blocks, system prompts) survive. Every change is counted."""
-    scale = _positive(_get(replay_cfg, "length_scale", 1.0), "replay.length_scale")
-    max_p = _positive(_get(replay_cfg, "max_prompt_tokens"), "replay.max_prompt_tokens", integer=True)
-    max_o = _positive(_get(replay_cfg, "max_output_tokens"), "replay.max_output_tokens", integer=True)
+    scale = _positive(config_value(replay_cfg, "length_scale", 1.0), "replay.length_scale")
+    max_p = _positive(config_value(replay_cfg, "max_prompt_tokens"), "replay.max_prompt_tokens", integer=True)
+    max_o = _positive(config_value(replay_cfg, "max_output_tokens"), "replay.max_output_tokens", integer=True)
     out, n_p, n_o = [], 0, 0
     before = [sum(len(s.prompt_token_ids) for s in specs), sum(s.max_tokens for s in specs)]
     for spec in specs:
@@ -108,7 +109,7 @@ def _override_columns(cfg, overrides: list[str]) -> dict:
         key = ov.split("=", 1)[0].lstrip("+~")
         if key.startswith("hydra") or "/" in key or key in ("experiment",):
             continue
-        value = _get(cfg, key)
+        value = config_value(cfg, key)
         if isinstance(value, dict):
             value = value.get("name", str(value))
             key = f"{key}.name"
@@ -152,15 +153,15 @@ def trace_vocab_size(engine) -> int:
 
 def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json)."""
-    trace_cfg = _get(cfg, "trace")
+    trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:
         raise ValueError("mode=replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic "
                          "(and trace.path=FILE for file-based traces)")
-    check_slo(_get(cfg, "slo"))                      # fail before loading a model
+    check_slo(config_value(cfg, "slo"))                      # fail before loading a model
     engine = engine or build_engine(cfg)
     trace = load_trace(trace_cfg, vocab_size=trace_vocab_size(engine), max_model_len=engine.max_model_len,
                        tokenizer=getattr(engine, "tokenizer", None))
-    specs, length_report = apply_length_policy(trace.requests, _get(cfg, "replay", {}))
+    specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
     report = {**trace.report, "replay_length_policy": length_report}
     return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=trace.report.get("path"))
 
@@ -169,21 +170,21 @@ def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], *, 
                  source: str | None = None, temperature: float | None = None, quiet: bool = False,
                  recorder: Recorder | None = None) -> dict:
     run_dir = Path(run_dir)
-    replay_cfg = _get(cfg, "replay", {}) or {}
+    replay_cfg = config_value(cfg, "replay", {}) or {}
     mode = replay_cfg.get("name", "offline")
     if mode not in MODES:
         raise ValueError(f"replay.name: unknown replay mode {mode!r}; one of {list(MODES)}")
-    slo = check_slo(_get(cfg, "slo"))
-    percentiles = list(_get(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
+    slo = check_slo(config_value(cfg, "slo"))
+    percentiles = list(config_value(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
     resolved = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    experiment = _get(cfg, "experiment", "default")
+    experiment = config_value(cfg, "experiment", "default")
     hydra = _hydra_info()
 
     recorder = (recorder or Recorder()).attach(engine)
-    wandb = WandbLogger(_get(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
+    wandb = WandbLogger(config_value(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
     recorder.listeners.append(wandb.log_step)
     bar = tqdm(total=len(specs), unit="req", desc=f"{experiment} [{mode}]", dynamic_ncols=True,
-               mininterval=0.5, disable=quiet or not _get(cfg, "progress", True), file=sys.stderr)
+               mininterval=0.5, disable=quiet or not config_value(cfg, "progress", True), file=sys.stderr)
 
     def on_step(row):
         if row["step"] % 8 == 0:
@@ -224,10 +225,10 @@ def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], *, 
         summary.update(spec_summary(engine))
         write_run(run_dir, config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)), requests=requests,
                   steps=steps, summary=summary, trace_report=trace_report)
-        table = _get(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
+        table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
         info = {"run_dir": _relative(run_dir, Path(table).parent), "job_num": hydra.get("job_num"),
                 "overrides": " ".join(hydra.get("overrides", []))}
-        info.update({col: _get(cfg, col) for col in SWEEP_COLUMNS})
+        info.update({col: config_value(cfg, col) for col in SWEEP_COLUMNS})
         info.update(_override_columns(cfg, hydra.get("overrides", [])))
         append_sweep_row(Path(table), sweep_row(summary, info))
         wandb.finish(summary, requests, exit_code=1 if interrupted else 0)

@@ -62,6 +62,15 @@ class _Stop:
     pass
 
 
+def _queued(cmds: queue.SimpleQueue):
+    """The commands already in the queue, taken one at a time without blocking."""
+    while True:
+        try:
+            yield cmds.get_nowait()
+        except queue.Empty:
+            return
+
+
 class RequestStream:
     """Outputs of one request, in order; iteration ends after the finished output (or raises)."""
 
@@ -293,12 +302,11 @@ class AsyncEngine:
                 # block while idle; otherwise take whatever arrived during the last step
                 if not engine.has_unfinished():
                     running = self._handle(cmds.get(), batch)
-                while running:
-                    try:
-                        cmd = cmds.get_nowait()
-                    except queue.Empty:
-                        break
-                    running = self._handle(cmd, batch)
+                if running:
+                    for cmd in _queued(cmds):
+                        running = self._handle(cmd, batch)
+                        if not running:
+                            break
                 if running and engine.has_unfinished():
                     for out in engine.step():
                         self._on_output(out, self._live.get(out.request_id), batch)
@@ -312,11 +320,7 @@ class AsyncEngine:
         # _Stop: abort what is left, give every stream its end, then drain stray commands
         batch = []
         self._abort_all(None, batch)
-        while True:
-            try:
-                cmd = cmds.get_nowait()
-            except queue.Empty:
-                break
+        for cmd in _queued(cmds):
             if isinstance(cmd, _Add):
                 with self._lock:
                     self._pending_adds -= 1

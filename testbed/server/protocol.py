@@ -217,40 +217,39 @@ def now_s() -> int:
     return int(time.time())
 
 
+def _body(rid: str, created: int, model: str, obj: str, content: dict, logprobs: dict | None,
+          finish_reason: str | None, stop_reason, usage_: dict | None) -> dict:
+    """What every completion body and chunk shares: the envelope and one choice; usage only when given."""
+    body = {"id": rid, "object": obj, "created": created, "model": model,
+            "choices": [{"index": 0, **content, "logprobs": logprobs, "finish_reason": finish_reason,
+                         "stop_reason": stop_reason}]}
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body
+
+
 def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
                         logprobs: dict | None, usage_: dict, stop_reason=None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                         "stop_reason": stop_reason}],
-            "usage": usage_}
+    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason,
+                 usage_)
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None,
                      logprobs: dict | None = None, usage_: dict | None = None, stop_reason=None) -> dict:
-    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                          "stop_reason": stop_reason}]}
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
+    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason,
+                 usage_)
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
                   logprobs: dict | None, usage_: dict, stop_reason=None) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}],
-            "usage": usage_}
+    return _body(rid, created, model, "chat.completion", {"message": {"role": "assistant", "content": text}},
+                 logprobs, finish_reason, stop_reason, usage_)
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish_reason: str | None,
                logprobs: dict | None = None, usage_: dict | None = None, stop_reason=None) -> dict:
-    chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
-                          "stop_reason": stop_reason}]}
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
+    return _body(rid, created, model, "chat.completion.chunk", {"delta": delta}, logprobs, finish_reason,
+                 stop_reason, usage_)
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, usage_: dict) -> dict:

@@ -85,7 +85,7 @@ def test_console_script_flags(monkeypatch):
     """`testbed-serve --port 9 --api-key K model=tiny` becomes Hydra overrides for run.py."""
     import runpy
 
-    from testbed.server.app import cli
+    from testbed.server.cli import cli
     seen = {}
     monkeypatch.setattr(runpy, "run_path", lambda path, run_name: seen.update(argv=list(sys.argv), path=path,
                                                                              run_name=run_name))

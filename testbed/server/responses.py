@@ -1,0 +1,52 @@
+"""Answering an admitted request: as server-sent events (stream: true) or, once it has finished, as one
+JSON body. A client that leaves early has its request aborted either way."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from testbed.outputs import CompletionOutput
+from testbed.server.async_engine import RequestStream
+from testbed.server.request_input import Admitted
+from testbed.server.sse import SSEResponse, event_stream
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def final_output(stream: RequestStream, request: Request):
+    """The finished output, or None if the client went away (the request is then aborted)."""
+    async def drain():
+        last = None
+        async for out in stream:
+            last = out
+        return last
+    consumer = asyncio.ensure_future(drain())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer in done:
+            return consumer.result()
+        consumer.cancel()
+        return None
+    finally:
+        watcher.cancel()
+        stream.abort()
+
+
+async def answer(request: Request, admitted: Admitted, chunks: Callable[[], AsyncIterator[dict]],
+                 body: Callable[[CompletionOutput], dict]):
+    """stream: true: the events of chunks(); otherwise body(the finished completion) as JSON."""
+    if admitted.req.stream:
+        return SSEResponse(event_stream(chunks()), admitted.stream.abort)
+    out = await final_output(admitted.stream, request)
+    if out is None:
+        return Response(status_code=499)     # the client closed the connection (nginx's code)
+    return JSONResponse(body(out.outputs[0]))
