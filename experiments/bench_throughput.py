@@ -5,6 +5,7 @@ uniform in the given ranges, EOS ignored (every request produces exactly its out
 Systems, each in a fresh subprocess (its own memory, caches and threads), one after another:
 
     engine-triton   this engine, kernel=triton (on CUDA: bf16, CUDA-graph decode)
+    engine-cpu      this engine, kernel=cpu (C++ paged decode + torch flash SDPA; the CPU preset's engine)
     engine-torch    this engine, kernel=torch (the readable reference kernels, eager)
     hf-static       transformers `generate` on left-padded batches of a fixed size (one row per batch size)
     hf-cb           transformers continuous batching (`init_continuous_batching`, the engine behind
@@ -39,7 +40,7 @@ from experiments.bench_common import (
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "throughput"
-SYSTEMS = ("engine-triton", "engine-torch", "hf-static", "hf-cb")
+SYSTEMS = ("engine-triton", "engine-cpu", "engine-torch", "hf-static", "hf-cb")
 
 PRESETS = {
     "gpu": dict(model="llama-3.2-1b", dtype="bfloat16", num_requests=256, prompt_range=(100, 1024),
@@ -47,7 +48,7 @@ PRESETS = {
                 hf_batch_sizes=[256], systems=list(SYSTEMS)),
     "cpu": dict(model="smollm2-135m", dtype="float32", num_requests=32, prompt_range=(32, 512),
                 output_range=(16, 128), token_range=(0, 10000), max_num_seqs=32, max_num_batched_tokens=1024,
-                hf_batch_sizes=[8, 32], systems=["engine-torch", "hf-static", "hf-cb"]),
+                hf_batch_sizes=[8, 32], systems=["engine-cpu", "engine-torch", "hf-static", "hf-cb"]),
 }
 
 
@@ -298,8 +299,8 @@ def run_device(spec, prompts, outputs) -> dict:
     return measure_device(spec["device"], getattr(torch, spec["dtype"]))
 
 
-WORKERS = {"engine-triton": run_engine, "engine-torch": run_engine, "hf-static": run_hf_static,
-           "hf-cb": run_hf_cb, "device": run_device}
+WORKERS = {"engine-triton": run_engine, "engine-cpu": run_engine, "engine-torch": run_engine,
+           "hf-static": run_hf_static, "hf-cb": run_hf_cb, "device": run_device}
 
 
 def worker_main(spec_file: str, out_file: str) -> None:

@@ -9,7 +9,7 @@ import shutil
 
 import torch
 
-_SOURCES = [Path(__file__).with_name("paged_decode.cpp")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp")]
 
 
 @cache
@@ -31,3 +31,28 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     torch.ops.testbed_cpu.paged_decode(out, q, k_cache, v_cache, block_tables.to(torch.int32).contiguous(),
                                        seq_lens.to(torch.int32).contiguous(), scale)
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """Same contract as reference.rms_norm_ref: normed(x), or (normed(x + residual), x + residual)."""
+    load()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if residual is None:
+        torch.ops.testbed_cpu.rms_norm(out, x, weight, eps)
+        return out
+    residual_out = torch.empty_like(x)
+    torch.ops.testbed_cpu.add_rms_norm(out, residual_out, x, residual.contiguous(), weight, eps)
+    return out, residual_out
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
+    """Neox-style rotary embedding, same contract as reference.rotary_ref; q/k may be strided views."""
+    load()
+    positions = positions.to(torch.int64).contiguous()
+    rotated = []
+    for x in (q, k):
+        out = torch.empty(x.shape, dtype=x.dtype)
+        torch.ops.testbed_cpu.rotary(out, x if x.stride(-1) == 1 else x.contiguous(), positions, cos_sin_cache)
+        rotated.append(out)
+    return tuple(rotated)

@@ -2,7 +2,9 @@
 
 Decode rows go to a C++ paged-decode kernel that reads K/V straight through the block table (the torch
 reference gathers every sequence's blocks into a padded copy first, which dominated decode time);
-prefill chunks run torch's fused scaled_dot_product_attention per sequence. Layer ops are the reference's.
+prefill chunks run torch's fused scaled_dot_product_attention per sequence. RMSNorm (+residual) and
+rotary are fused C++ loops (one pass over memory where the reference makes several); SiLU-mul stays
+torch's (its vectorised exp beats a plain C++ loop).
 """
 import torch
 import torch.nn.functional as F
@@ -36,6 +38,12 @@ class CpuBackend(KernelBackend):
             if q_hi - q_lo > 1:
                 out[q_lo:q_hi] = _prefill_one(q[q_lo:q_hi], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
         return out
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        return cpu_kernels.rms_norm(x, weight, eps, residual)
+
+    def rotary(self, positions, q, k, cos_sin_cache):
+        return cpu_kernels.rotary(positions, q, k, cos_sin_cache)
 
 
 def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -> torch.Tensor:

@@ -104,3 +104,27 @@ def test_cpu_backend_decode_only_step(cpu_kernels, paged_kv, assert_close):
     meta = AttentionMetadata(slots, torch.arange(4, dtype=torch.int32), seq_lens, tables, 1, 64)
     ref = KernelBackend().attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125)
     assert_close(CpuBackend().attention(q, k, v, k_cache, v_cache, meta, 0.125), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_layer_ops_match_reference(cpu_kernels, assert_close, dtype):
+    from kernels import reference
+    gen = torch.Generator().manual_seed(7)
+    x, res = torch.randn(37, 576, generator=gen).to(dtype), torch.randn(37, 576, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(576, generator=gen)).to(dtype)
+    assert_close(cpu_kernels.rms_norm(x, w, 1e-5), reference.rms_norm_ref(x, w, 1e-5))
+    normed, summed = cpu_kernels.rms_norm(x, w, 1e-5, res)
+    ref_normed, ref_summed = reference.rms_norm_ref(x, w, 1e-5, res)
+    assert_close(normed, ref_normed)
+    assert_close(summed, ref_summed)
+    # q and k as strided views of one fused projection, positions out of order
+    head_dim, max_pos = 64, 300
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = torch.outer(torch.arange(max_pos).float(), inv)
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    qkv = torch.randn(11, (4 + 2 + 2) * head_dim, generator=gen).to(dtype)
+    q, k, _ = qkv.split([4 * head_dim, 2 * head_dim, 2 * head_dim], dim=-1)
+    q, k = q.view(11, 4, head_dim), k.view(11, 2, head_dim)
+    positions = torch.randint(0, max_pos, (11,), generator=gen)
+    for out, ref in zip(cpu_kernels.rotary(positions, q, k, cos_sin), reference.rotary_ref(positions, q, k, cos_sin)):
+        assert_close(out, ref)
