@@ -20,6 +20,17 @@ def allocate_kv_cache(arch, num_blocks: int, block_size: int, num_layers: int, d
             for _ in range(num_layers)]
 
 
+def copy_kv_blocks(device_caches, host_caches, src: list[int], dst: list[int], to_host: bool) -> None:
+    """Swap preemption's byte mover: KV blocks src -> dst, device -> host pool (to_host) or back, every layer."""
+    src_ids, dst_ids = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
+    for device_kv, host_kv in zip(device_caches, host_caches):
+        for dev, host in zip(device_kv, host_kv):
+            if to_host:
+                host[dst_ids] = dev[src_ids.to(dev.device)].to("cpu")
+            else:
+                dev[dst_ids.to(dev.device)] = host[src_ids].to(dev.device)
+
+
 class ModelRunner:
     def __init__(self, model, kv_caches, block_size: int, block_ids_of, sampler: Sampler, device, spec=None):
         self.model = model
@@ -36,13 +47,7 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, src: list[int], dst: list[int], to_host: bool) -> None:
         """Swap preemption: copy KV blocks src -> dst, device -> host pool (to_host) or back, every layer."""
-        src_ids, dst_ids = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
-        for device_kv, host_kv in zip(self.kv_caches, self.host_kv_caches):
-            for dev, host in zip(device_kv, host_kv):
-                if to_host:
-                    host[dst_ids] = dev[src_ids.to(dev.device)].to("cpu")
-                else:
-                    dev[dst_ids.to(dev.device)] = host[src_ids].to(dev.device)
+        copy_kv_blocks(self.kv_caches, self.host_kv_caches, src, dst, to_host)
         if self.spec is not None:
             self.spec.copy_blocks(src, dst, to_host)     # a draft model's own KV moves with the target's
 

@@ -133,18 +133,12 @@ class DraftModelProposer(ModelProposer):
 
     @torch.inference_mode()
     def copy_blocks(self, src, dst, to_host) -> None:
+        from testbed.executor.model_runner import allocate_kv_cache, copy_kv_blocks
         if self.host_kv_caches is None:
-            from testbed.executor.model_runner import allocate_kv_cache
             swap = self.engine.scheduler.swap
             self.host_kv_caches = allocate_kv_cache(self.model.arch, swap.num_cpu_blocks, self.block_size,
                                                     self.num_layers, self.kv_caches[0][0].dtype, "cpu")
-        src_ids, dst_ids = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
-        for device_kv, host_kv in zip(self.kv_caches, self.host_kv_caches):
-            for dev, host in zip(device_kv, host_kv):
-                if to_host:
-                    host[dst_ids] = dev[src_ids.to(dev.device)].to("cpu")
-                else:
-                    dev[dst_ids.to(dev.device)] = host[src_ids].to(dev.device)
+        copy_kv_blocks(self.kv_caches, self.host_kv_caches, src, dst, to_host)
 
 
 class LayerSkipProposer(ModelProposer):
