@@ -486,10 +486,9 @@ def main() -> int:
             print(f"wrote {a.out / (name + '.md')}")
         return ok
 
-    runs = [(name, {}) for name in ("engine-triton",) if name in cfg["systems"]]
-    if "hf-static" in cfg["systems"]:
-        runs += [("hf-static", {"batch_size": b}) for b in cfg["hf_batch_sizes"]]
-    runs += [(name, {}) for name in ("hf-cb", "engine-torch") if name in cfg["systems"]]
+    runs = [(name, {"batch_size": b}) if name == "hf-static" else (name, {})      # in SYSTEMS order
+            for name in SYSTEMS if name in cfg["systems"]
+            for b in (cfg["hf_batch_sizes"] if name == "hf-static" else [None])]
     all_runs: dict[str, list] = {}
     system_timeout = a.system_timeout or 2 * a.time_limit + 300
     for repeat in range(a.repeats):

@@ -22,6 +22,10 @@ class CpuBackend(KernelBackend):
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         reference.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend_cached(q, k_cache, v_cache, meta, scale)
+
+    def attend_cached(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Attention over K/V already in the cache (this step's tokens included)."""
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
             return cpu_kernels.paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
         out = torch.empty_like(q)
