@@ -6,9 +6,14 @@ decoding one token per step. Phases are timed by wrapping the scheduler's and ex
 
     python -m experiments.bench_host                       # 64, 256, 1024 running; writes results/host_overhead/
     python -m experiments.bench_host --running 256 --steps 300 --out /tmp/host
+    python -m experiments.bench_host --baseline OLD/host_overhead.json   # + a before/after table
+
+The baseline is a host_overhead.json written by this script at an earlier commit (e.g. run from a
+`git archive` export of it, on the same machine, just before), matched row by row.
 """
 import argparse
 import gc
+import json
 import random
 import statistics
 import time
@@ -92,6 +97,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--no-gc-freeze-rows", action="store_true", help="skip the extra rows measured after gc.freeze()")
+    p.add_argument("--baseline", type=Path, help="host_overhead.json of an earlier run: adds a before/after table")
+    p.add_argument("--baseline-label", default=None, help="what the baseline is (default: its recorded git commit)")
     a = p.parse_args()
     env = environment()
     load_before = load_average()
@@ -120,11 +127,34 @@ def main() -> None:
             f"numpy {env['numpy']}\n- date: {env['date']}; git {env['git']}\n- command: `{env['command']}`\n"
             f"- load average (1/5/15 min) before: {load_before}; after: {env['load_average_after']} "
             f"(the machine is shared; timings are noisy)\n")
+    if a.baseline:
+        text += "\n" + comparison(json.loads(a.baseline.read_text()), results, a.baseline, a.baseline_label)
     print("\n" + text)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "host_overhead.md").write_text(text)
     write_json(a.out / "host_overhead.json", {"env": env, "results": results})
     print(f"wrote {a.out / 'host_overhead.md'}")
+
+
+def comparison(baseline: dict, results: list[dict], path: Path, label: str | None) -> str:
+    """Markdown: median step and phase times of the baseline run vs this one, for the rows both have."""
+    before = {(r["running"], r["gc_freeze"]): r for r in baseline["results"]}
+    env = baseline["env"]
+    rows = []
+    for r in results:
+        b = before.get((r["running"], r["gc_freeze"]))
+        if b is None:
+            continue
+        row = [f"{r['running']}" + (" (gc.freeze)" if r["gc_freeze"] else ""),
+               f"{b['median_us']:,.0f} -> {r['median_us']:,.0f}", f"{b['median_us'] / r['median_us']:.1f}x"]
+        row += [f"{b['phases_median_us'][k]:,.0f} -> {v:,.0f}" for k, v in r["phases_median_us"].items()]
+        rows.append(row)
+    phases = list(results[0]["phases_median_us"])
+    return (f"## Before / after (median us, before -> after)\n\n"
+            f"Before: {label or env.get('git')} (`{path.name}`: {env.get('date')}, `{env.get('command')}`, load "
+            f"average before {env.get('load_average_before')}, after {env.get('load_average_after')}).\n\n"
+            + markdown_table(["running", "step", "speed-up"] + [p.replace("execute (input prep)", "input prep")
+                                                               for p in phases], rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from testbed.core.scheduler import Scheduler, SchedulerConfig
 from testbed.executor.model_runner import ModelRunner, allocate_kv_cache
 from testbed.executor.sampler import Sampler
 from testbed.models.build import build_model
-from testbed.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from testbed.outputs import RequestOutput
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.spec import build_speculator
@@ -161,22 +161,32 @@ class Engine:
         result = self.executor.execute(sched)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
         outputs = []
+        of_request = RequestOutput.of_request    # one output per request per step: O(1) each (testbed.outputs)
         for request, new_tokens in updates:
-            if request.sampling_params.stop and not request.is_finished:
+            if request.sampling_params.stop and not request.status.finished:
                 self._check_stop_strings(request)
-            outputs.append(self._output(request, new_tokens))
+            outputs.append(self._output(request, new_tokens) if request.status.finished
+                           else of_request(request, new_tokens))
         if self.spec:
             self.spec.propose(self.scheduler.running)   # drafts for the next step's verification
         self.step_count += 1
         self.last_stats = StepStats(
             self.step_count, start, self.clock() - start, len(sched.requests), sched.num_prefill_tokens,
             sched.num_decode_tokens, len(sched.preempted), self.scheduler.num_waiting, self.scheduler.num_running,
-            self.kv.stats({r.request_id: r.num_computed_tokens for r in self.scheduler.running},
-                          {r.request_id: final_length(r, self.max_model_len) for r in self.scheduler.running},
-                          self.scheduler.blocked_request))
+            self._kv_stats())
         for callback in self.step_callbacks:
             callback(self.last_stats)
         return outputs
+
+    def _kv_stats(self) -> KVCacheStats:
+        """The KV memory breakdown after a step: O(1) from the paged allocator's counters, else a pass
+        over the running requests (the static allocators' accounting needs their final lengths)."""
+        scheduler = self.scheduler
+        if hasattr(self.kv, "stats_from_counters"):
+            return self.kv.stats_from_counters(scheduler.running_computed_tokens)
+        return self.kv.stats({r.request_id: r.num_computed_tokens for r in scheduler.running},
+                             {r.request_id: final_length(r, self.max_model_len) for r in scheduler.running},
+                             scheduler.blocked_request)
 
     @property
     def spec_stats(self) -> dict:
@@ -194,18 +204,10 @@ class Engine:
                 return
 
     def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+        """The request's output as it is now; a finished one gets its text (decoded only then)."""
         text = ""
-        finished = request.is_finished           # once: this runs for every request every step
-        if finished and self.tokenizer is not None:
+        if request.status.finished and self.tokenizer is not None:
             text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
             if isinstance(request.stop_reason, str):
                 text = text[:text.index(request.stop_reason)]
-        finish = request.status.value if finished else None
-        completion = CompletionOutput(0, text, list(request.output_token_ids),
-                                      list(request.output_logprobs) if request.sampling_params.logprobs is not None
-                                      else None, finish, request.stop_reason)
-        metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time, request.first_token_time,
-                                 request.finish_time, request.token_times, max(request.num_cached_tokens, 0),
-                                 request.num_preemptions)
-        return RequestOutput(request.request_id, request.prompt_token_ids, [completion], finished,
-                             new_tokens, metrics)
+        return RequestOutput.of_request(request, new_tokens, text)

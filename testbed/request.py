@@ -13,10 +13,9 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"       # max_tokens or the model's context
     FINISHED_ABORTED = "abort"
 
-    @property
-    def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+    def __init__(self, value: str):
+        # a plain attribute, not a property: it is read for every request several times a step
+        self.finished = value in ("stop", "length", "abort")
 
 
 class Request:
@@ -35,6 +34,13 @@ class Request:
         self.priority = priority
         self.seq_no = 0                        # admission order, set by the scheduler (tie-breaker)
         self.eos_token_ids = frozenset(eos_token_ids)
+        # token ids that may end the request (EOS unless ignored, stop tokens): one set lookup per token
+        # sampled; which of them it was is sorted out only when one comes (Scheduler._check_stop)
+        self.stop_check_ids = frozenset(sampling_params.stop_token_ids).union(
+            () if sampling_params.ignore_eos else self.eos_token_ids)
+        # length at which it ends: prompt + max_tokens, capped by the scheduler at max_model_len
+        max_tokens = sampling_params.max_tokens
+        self.max_num_tokens = len(self.prompt_token_ids) + max_tokens if max_tokens is not None else 2**62
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.spec_token_ids: list[int] = []   # proposed, not yet verified (speculative decoding)

@@ -5,6 +5,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.executor.host_buffers import BlockTables
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
 
@@ -20,6 +21,8 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 3, 4, 16]), caching=st.booleans())
     def setup(self, num_blocks, block_size, caching):
         self.kv = KVCacheManager(num_blocks, block_size, caching)
+        # persistent block-table rows kept in sync by the manager's change reports (tiny: rows/width grow)
+        self.tables = BlockTables(self.kv.req_blocks.get, 1, 1, self.kv.watch())
 
     @precondition(lambda self: self.kv is not None)
     @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=20))
@@ -52,6 +55,8 @@ class PoolMachine(RuleBasedStateMachine):
     def release(self, data, how):
         req = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
         self.kv.free(req)
+        if how != "preempt":
+            self.tables.forget([req.request_id])
         if how == "preempt":
             req.num_computed_tokens = 0  # may be re-admitted later as a new request
 
@@ -82,6 +87,20 @@ class PoolMachine(RuleBasedStateMachine):
         for block_id, count in holders.items():
             if count > 1:  # only cached (full, hashed) blocks may be shared
                 assert pool.blocks[block_id].block_hash is not None
+        # the O(1) accounting counters
+        bs = self.kv.block_size
+        assert self.kv.num_held_blocks_total == sum(len(b) for b in self.kv.req_blocks.values())
+        assert self.kv.num_internal_slots == sum(max(0, len(self.kv.req_blocks.get(rid, ())) * bs - r.max_num_tokens)
+                                                 for rid, r in self.live.items())
+        # allocate_slots' no-op window: the held blocks have room, no further block becomes full
+        for rid, limit in self.kv.req_fast_limit.items():
+            assert limit <= len(self.kv.req_blocks[rid]) * bs
+            if self.kv.enable_prefix_caching:
+                assert limit < (self.kv.req_num_hashed.get(rid, 0) + 1) * bs
+        # the persistent rows, synced from change reports only
+        ids = sorted(self.live)
+        for rid, row in zip(ids, self.tables.rows(ids)):
+            assert self.tables.table[row, :len(self.kv.req_blocks[rid])].tolist() == self.kv.get_block_ids(rid)
 
     def teardown(self):
         if self.kv is None:

@@ -99,7 +99,7 @@ def test_block_tables_match_naive(monkeypatch, mode):
     if mode == "prefix_cache":
         assert llm.engine.kv.prefix_hits > 0
     tables = llm.engine.executor.input_buffers.tables
-    assert len(tables.entries) <= llm.engine.config.max_num_seqs   # finished requests are forgotten
+    assert len(tables.row_of) <= llm.engine.config.max_num_seqs    # finished requests are forgotten
 
 
 def test_null_executor_runs_requests_to_completion():

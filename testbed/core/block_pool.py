@@ -50,8 +50,11 @@ class FreeBlockQueue:
     def popleft(self) -> KVCacheBlock:
         if self.num_free == 0:
             raise ValueError("no free blocks")
-        block = self.head.next_free
-        self.remove(block)
+        block = self.head.next_free              # remove(), inlined: this runs for every block handed out
+        nxt = block.next_free
+        self.head.next_free, nxt.prev_free = nxt, self.head
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
         return block
 
     def __iter__(self):
@@ -89,9 +92,11 @@ class BlockPool:
         if n > self.free_queue.num_free:
             raise ValueError(f"asked for {n} blocks, only {self.free_queue.num_free} free")
         out = []
+        popleft = self.free_queue.popleft
         for _ in range(n):
-            block = self.free_queue.popleft()
-            self._evict(block)
+            block = popleft()
+            if block.block_hash is not None:     # it still caches a prefix: evict that
+                self._evict(block)
             block.ref_cnt = 1
             out.append(block)
         return out

@@ -1,4 +1,6 @@
 """Per-request block tables over the block pool: prefix lookup, slot allocation, freeing, accounting."""
+import weakref
+
 from testbed.core.allocators.base import KVAllocator, KVCacheStats  # noqa: F401 (KVCacheStats re-exported)
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.request import Request
@@ -7,6 +9,10 @@ from testbed.request import Request
 def hash_block(parent_hash: int | None, token_ids) -> int:
     """Chained block hash: equal hashes mean equal whole prefixes, not just equal blocks."""
     return hash((parent_hash, *token_ids))
+
+
+class BlockChanges(dict):
+    """request id -> first block position changed since the watcher last synced (see KVCacheManager.watch)."""
 
 
 class KVCacheManager(KVAllocator):
@@ -22,7 +28,29 @@ class KVCacheManager(KVAllocator):
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, eviction=eviction)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_num_hashed: dict[str, int] = {}   # full blocks already registered in the hash map
+        # request id -> up to how many tokens (computed + new) allocate_slots has nothing to do: the held
+        # blocks have room and no further block becomes full (set by the full path, dropped on trim/free)
+        self.req_fast_limit: dict[str, int] = {}
+        self._watchers: list[weakref.ref] = []   # to BlockChanges handed out by watch()
+        # kept as blocks are taken and given back, so that stats_from_counters() is O(1):
+        self.num_held_blocks_total = 0   # sum of len(req_blocks[rid]) (a shared block counts per holder)
+        self.num_internal_slots = 0      # sum of held slots beyond each holder's final length
         self._init_counters()
+
+    def watch(self) -> "BlockChanges":
+        """A dict that from now on maps each request whose block list changes (blocks taken, trimmed or
+        freed) to the first position that may differ; the watcher (the executor's persistent block
+        tables) empties it as it syncs. Dropped when the watcher lets go of it."""
+        changes = BlockChanges()
+        self._watchers = [w for w in self._watchers if w() is not None] + [weakref.ref(changes)]
+        return changes
+
+    def _changed(self, rid: str, first: int) -> None:
+        for ref in self._watchers:
+            changes = ref()
+            if changes is not None:
+                old = changes.get(rid)
+                changes[rid] = first if old is None or first < old else old
 
     @property
     def num_blocks(self) -> int:
@@ -67,7 +95,7 @@ class KVCacheManager(KVAllocator):
         total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
         num_new_blocks = max(0, self.blocks_needed(total + num_lookahead_tokens) - len(held) - len(computed_blocks))
         # hit blocks sitting in the free queue leave it when touched
-        num_revived = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        num_revived = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
         return num_new_blocks
@@ -79,20 +107,54 @@ class KVCacheManager(KVAllocator):
 
         Returns the newly taken blocks, or None (and changes nothing) if the pool is short.
         Full blocks whose tokens are known are registered for prefix caching."""
+        rid = request.request_id
+        limit = self.req_fast_limit.get(rid)
+        if limit is not None and not computed_blocks and not num_lookahead_tokens and num_tokens_to_cache is None:
+            end = request.num_computed_tokens + num_new_tokens
+            if end <= limit:
+                return []                        # the common decode step: nothing to take, nothing to hash
+            blocks = self.req_blocks[rid]
+            if self.enable_prefix_caching and end <= len(blocks) * self.block_size:
+                # a block fills up while the held blocks still have room: only register its hash
+                self._cache_full_blocks(request, blocks, min(end, len(request.all_token_ids)))
+                self._set_fast_limit(rid, blocks)
+                return []
         num_new_blocks = self.can_allocate(request, num_new_tokens, computed_blocks, num_lookahead_tokens)
         if num_new_blocks is None:
             return None
-        blocks = self.req_blocks.setdefault(request.request_id, [])
+        blocks = self.req_blocks.get(rid)
+        if blocks is None:
+            blocks = self.req_blocks[rid] = []
+        num_held = len(blocks)
         if computed_blocks:
             self.pool.touch(computed_blocks)
             blocks.extend(computed_blocks)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         blocks.extend(new_blocks)
+        if len(blocks) != num_held:
+            self._count_held(request, num_held, len(blocks))
+            self._changed(rid, num_held)
         if self.enable_prefix_caching:
             end = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
             self._cache_full_blocks(request, blocks, min(end, request.num_tokens)
                                     if num_tokens_to_cache is None else num_tokens_to_cache)
+        self._set_fast_limit(rid, blocks)
         return new_blocks
+
+    def _set_fast_limit(self, rid: str, blocks: list[KVCacheBlock]) -> None:
+        """Up to this many tokens, a later allocate_slots(request, n) would take no block and register no
+        hash: the held slots, short of the token that fills the next unregistered block. (It may also
+        have nothing to do beyond it, e.g. with drafts past the known tokens; the full path sorts that out.)"""
+        limit = len(blocks) * self.block_size
+        if self.enable_prefix_caching:
+            limit = min(limit, (self.req_num_hashed.get(rid, 0) + 1) * self.block_size - 1)
+        self.req_fast_limit[rid] = limit
+
+    def _count_held(self, request: Request, old: int, new: int) -> None:
+        """A request's held blocks went from old to new: update the O(1) accounting counters."""
+        bs, final = self.block_size, request.max_num_tokens
+        self.num_held_blocks_total += new - old
+        self.num_internal_slots += max(0, new * bs - final) - max(0, old * bs - final)
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         rid = request.request_id
@@ -109,15 +171,21 @@ class KVCacheManager(KVAllocator):
         """Release a request's blocks, tail first so its shared prefix is the last to be evicted."""
         blocks = self.req_blocks.pop(request.request_id, [])
         self.req_num_hashed.pop(request.request_id, None)
+        self.req_fast_limit.pop(request.request_id, None)
+        self._count_held(request, len(blocks), 0)
+        self._changed(request.request_id, 0)
         self.pool.free_blocks(reversed(blocks))
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back blocks beyond what num_tokens needs (after rejected speculative tokens)."""
         blocks = self.req_blocks.get(request.request_id, [])
+        self.req_fast_limit.pop(request.request_id, None)     # the next allocation takes the full path
         keep = self.blocks_needed(num_tokens)
         if len(blocks) > keep:
             surplus = blocks[keep:]
             del blocks[keep:]
+            self._count_held(request, keep + len(surplus), keep)
+            self._changed(request.request_id, keep)
             for block in surplus:
                 if block.ref_cnt == 1:
                     self.pool.uncache_block(block)
@@ -128,3 +196,22 @@ class KVCacheManager(KVAllocator):
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def stats_from_counters(self, num_computed_tokens: int) -> KVCacheStats:
+        """`stats()` for the engine's running requests in O(1), from counters kept as blocks change hands.
+
+        num_computed_tokens: the running requests' computed tokens, summed. Equal to
+        stats({rid: computed}, {rid: final_length}, blocked) when the requests holding blocks are exactly the
+        running ones, each with slots for its computed tokens and never past its final length
+        (`Request.max_num_tokens`, as capped by the scheduler): what the engine guarantees between steps,
+        checked against the full accounting every step in tests/test_host_fast_paths.py. Then the empty
+        slots a request holds are held - computed, and those beyond its final length, max(0, held - final),
+        change only when its blocks do. Any free block serves any request: no external fragmentation."""
+        bs = self.block_size
+        free = self.pool.num_free_blocks
+        used_blocks = self.num_blocks - free
+        slack = self.num_held_blocks_total * bs - num_computed_tokens
+        internal = self.num_internal_slots
+        token_slots = used_blocks * bs - slack
+        return KVCacheStats(self.num_blocks, bs, used_blocks, token_slots, slack, self.pool.num_cached_free,
+                            free, token_slots, slack - internal, internal, 0, free * bs)

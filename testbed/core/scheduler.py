@@ -59,6 +59,11 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
         self.blocked_request: Request | None = None   # waiting request refused memory in the last step
+        # sum of num_computed_tokens over self.running, kept as they change: KV accounting in O(1)
+        self.running_computed_tokens = 0
+        # the policy's per-request chunking rule, or None when it is the default (take what is left)
+        overridden = type(policy).token_budget is not SchedulingPolicy.token_budget
+        self._token_budget = policy.token_budget if overridden else None
         policy.attach(self)
 
     # ---- queue upkeep -------------------------------------------------------------------------
@@ -67,6 +72,7 @@ class Scheduler:
         bisect.insort(queue, request, key=lambda r: key(r, now))
 
     def add_request(self, request: Request) -> None:
+        request.max_num_tokens = min(request.max_num_tokens, self.config.max_model_len)
         request.seq_no = self._next_seq_no
         self._next_seq_no += 1
         self.requests[request.request_id] = request
@@ -87,6 +93,7 @@ class Scheduler:
         """Swap the KV out to host memory if swapping is on and it fits; otherwise recompute: drop the KV
         and start over later (prefix cache permitting)."""
         self.running.remove(request)
+        self.running_computed_tokens -= request.num_computed_tokens
         request.spec_token_ids = []
         if self.swap is None or not self.swap.swap_out(request):
             self.kv.free(request)
@@ -148,27 +155,46 @@ class Scheduler:
             out.num_prefill_tokens += num_new
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
+        """Running requests in order, each its remaining tokens (1 when decoding, 1 + k with k drafts)
+        within the budget. This loop runs for every running request every step, hence the locals and
+        the inlined _record; allocate_slots returns at once when the held blocks already have room."""
+        running, allocate, token_budget = self.running, self.kv.allocate_slots, self._token_budget
+        requests, num_new_tokens = out.requests, out.num_new_tokens
+        num_prefill = num_decode = 0
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens,
-                          self.policy.token_budget(request, budget))
+        while i < len(running) and budget > 0:
+            request = running[i]
+            computed, num_tokens = request.num_computed_tokens, len(request.all_token_ids)
+            num_new = num_tokens + len(request.spec_token_ids) - computed
+            num_new = min(num_new, budget if token_budget is None else token_budget(request, budget))
             if num_new <= 0:
                 i += 1
                 continue
-            while self.kv.allocate_slots(request, num_new) is None:
-                # only requests not yet scheduled this step (at or after i) can be victims
-                victim = self.policy.choose_victim(self.running[i:], now)
-                self._preempt(victim, now)
-                out.preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status is RequestStatus.PREEMPTED:
-                continue
-            self._record(out, request, num_new)
+            if allocate(request, num_new) is None and not self._make_room(out, request, num_new, i, now):
+                continue                         # the request itself was preempted: running[i] is the next one
+            requests.append(request)
+            num_new_tokens.append(num_new)
+            if computed >= num_tokens - 1:
+                num_decode += num_new
+            else:
+                num_prefill += num_new
             budget -= num_new
             i += 1
+        out.num_prefill_tokens += num_prefill
+        out.num_decode_tokens += num_decode
         return budget
+
+    def _make_room(self, out: SchedulerOutput, request: Request, num_new: int, i: int, now: float) -> bool:
+        """Preempt until running[i] gets its slots; False if it was the victim itself."""
+        while True:
+            # only requests not yet scheduled this step (at or after i) can be victims
+            victim = self.policy.choose_victim(self.running[i:], now)
+            self._preempt(victim, now)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+            if self.kv.allocate_slots(request, num_new) is not None:
+                return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -181,7 +207,8 @@ class Scheduler:
             if num_new <= 0:
                 break
             if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
-                unscheduled = [r for r in self.running if r not in out.requests]
+                scheduled = set(out.requests)     # identity hashes: O(1) membership at any batch size
+                unscheduled = [r for r in self.running if r not in scheduled]
                 victim = self.policy.should_preempt_for(request, unscheduled, now)
                 if victim is None:
                     self.blocked_request = request
@@ -193,6 +220,7 @@ class Scheduler:
             if self.swap is not None and self.swap.holds(request):
                 self.swap.swap_in(request)
             request.num_computed_tokens = num_cached
+            self.running_computed_tokens += num_cached
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_cached
                 request.first_scheduled_time = now
@@ -209,33 +237,58 @@ class Scheduler:
         request that produced tokens or finished this step."""
         now = self.clock()
         updates = []
-        for idx, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens)):
-            if request.is_finished:          # aborted while the step ran
+        finished = []
+        computed_delta = 0                   # change of running_computed_tokens
+        for idx, (request, num_new, tokens) in enumerate(zip(out.requests, out.num_new_tokens, sampled)):
+            if request.status.finished:      # aborted while the step ran
                 continue
             request.num_computed_tokens += num_new
-            tokens = sampled[idx]
+            computed_delta += num_new
             if not tokens:
                 continue                     # a prefill chunk that did not reach the end
             if request.spec_token_ids:
-                # rejected drafts: their KV is stale, rewind and give surplus blocks back. Count against the
-                # drafts scheduled this step (the token budget may cut some); unscheduled ones are dropped.
-                num_scheduled_drafts = max(0, request.num_computed_tokens - request.num_tokens)
-                rejected = num_scheduled_drafts - (len(tokens) - 1)
-                request.num_computed_tokens -= rejected
-                request.spec_token_ids = []
-                if rejected:
-                    self.kv.trim(request, request.num_computed_tokens)
-            new_tokens = []
-            token_logprobs = logprobs[idx] if logprobs else None
-            for j, token in enumerate(tokens):
-                request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
-                new_tokens.append(token)
-                if self._check_stop(request, token):
-                    break
-            if request.is_finished:
-                self._finish(request, now)
+                computed_delta -= self._rewind_rejected(request, len(tokens))
+            if len(tokens) == 1 and not logprobs:        # the common case, without the loop
+                token = tokens[0]
+                request.append_output_token(token, None, now)
+                new_tokens = tokens
+                if token in request.stop_check_ids or len(request.all_token_ids) >= request.max_num_tokens:
+                    self._check_stop(request, token)
+            else:
+                new_tokens = self._append_tokens(request, tokens, logprobs[idx] if logprobs else None, now)
+            if request.status.finished:
+                computed_delta -= request.num_computed_tokens
+                finished.append(request)
+                self._release(request, now)
             updates.append((request, new_tokens))
+        self.running_computed_tokens += computed_delta
+        if finished:                         # one pass over the running list, not one per finished request
+            done = set(finished)
+            self.running[:] = [r for r in self.running if r not in done]
         return updates
+
+    def _rewind_rejected(self, request: Request, num_sampled: int) -> int:
+        """Rejected drafts: their KV is stale, rewind and give surplus blocks back. Count against the drafts
+        scheduled this step (the token budget may cut some); unscheduled ones are dropped. Returns how
+        many computed tokens were taken back."""
+        num_scheduled_drafts = max(0, request.num_computed_tokens - request.num_tokens)
+        rejected = num_scheduled_drafts - (num_sampled - 1)
+        request.num_computed_tokens -= rejected
+        request.spec_token_ids = []
+        if rejected:
+            self.kv.trim(request, request.num_computed_tokens)
+        return rejected
+
+    def _append_tokens(self, request: Request, tokens: list[int], token_logprobs: list[float] | None,
+                       now: float) -> list[int]:
+        """Append sampled tokens up to the first that ends the request; returns those appended."""
+        stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
+        for j, token in enumerate(tokens):
+            request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
+            # cheap filter first: only a stop/EOS token or the length limit can end a request (then it does)
+            if (token in stop_ids or len(all_tokens) >= max_num_tokens) and self._check_stop(request, token):
+                return tokens[:j + 1]
+        return tokens
 
     def _check_stop(self, request: Request, token: int) -> bool:
         params = request.sampling_params
@@ -250,9 +303,14 @@ class Scheduler:
         return request.is_finished
 
     def _finish(self, request: Request, now: float) -> None:
-        request.finish_time = now
         if request in self.running:
             self.running.remove(request)
+            self.running_computed_tokens -= request.num_computed_tokens
+        self._release(request, now)
+
+    def _release(self, request: Request, now: float) -> None:
+        """Free what a finished request holds; the caller has taken it out of self.running."""
+        request.finish_time = now
         self.kv.free(request)
         if self.swap is not None:
             self.swap.discard(request)

@@ -59,18 +59,24 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
                 token_ids += r.spec_token_ids[:s + k - length]
                 drafted.append(r.request_id)
     total = len(token_ids)
+    one_each = total == n and not drafted          # decode: token i is request i's, no repeats needed
 
     start = np.array(starts, dtype=np.int64)
     new = np.array(num_new, dtype=np.int64)
     end = start + new
-    query_start = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(new, out=query_start[1:])
-    positions = np.repeat(start - query_start[:-1], new) + np.arange(total, dtype=np.int64)
+    if one_each:
+        query_start = np.arange(n + 1, dtype=np.int64)
+        positions = start
+    else:
+        query_start = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(new, out=query_start[1:])
+        positions = np.repeat(start - query_start[:-1], new) + np.arange(total, dtype=np.int64)
     if buffers is not None and buffers.tables is not None:
         tables = buffers.tables
         tables.forget(out.finished_ids)
         rows = tables.rows(request_ids)
-        tables.dirty.update(drafted)               # their block lists may be trimmed after verification
+        if drafted and tables.changes is None:
+            tables.dirty.update(drafted)           # their block lists may be trimmed after verification
         table = tables.table
     else:
         table = _tables_from_lists(block_ids_of, request_ids)
@@ -78,12 +84,17 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
     max_seq_len = int(end.max(initial=0))
     width = max(-(-max_seq_len // block_size), 1)
     pages = positions // block_size
-    slots = table[np.repeat(rows, new), pages].astype(np.int64) * block_size + (positions - pages * block_size)
+    slots = table[rows if one_each else np.repeat(rows, new), pages].astype(np.int64) * block_size
+    slots += positions - pages * block_size
     # logits wherever a next token must be sampled or a draft verified
     k = np.maximum(end - np.array(num_tokens, dtype=np.int64) + 1, 0)
     num_logits = k.tolist()
-    num_k = int(k.sum())
-    logits_indices = np.repeat(query_start[1:] - k, k) + (np.arange(num_k) - np.repeat(np.cumsum(k) - k, k))
+    if one_each:                                   # k is 0 (mid-prefill) or 1: the rows with k = 1
+        logits_indices = np.flatnonzero(k)
+    else:
+        num_k = int(k.sum())
+        logits_indices = np.repeat(query_start[1:] - k, k) + (np.arange(num_k) - np.repeat(np.cumsum(k) - k, k))
+    num_k = len(logits_indices)
 
     if buffers is None:
         block_tables = np.zeros((n, width), dtype=np.int32)
@@ -106,7 +117,7 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
         h["query_start_loc"][:n + 1] = query_start
         h["seq_lens"][:n] = end
         h["logits_indices"][:num_k] = logits_indices
-        np.take(table[:, :width], rows, axis=0, out=h["block_tables"][:n])
+        h["block_tables"][:n] = table[rows, :width]
         if padded > n:
             h["input_ids"][n:] = 0
             h["positions"][n:] = 0
