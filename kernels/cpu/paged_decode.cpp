@@ -1,11 +1,13 @@
 // Paged decode attention for the CPU: one query token per sequence, reading K/V straight from the
-// block table (no gather copy), GQA-aware, fp32 accumulation. Parallel over (sequence, KV head).
+// block table (no gather copy), GQA-aware, fp32 accumulation. Parallel over sequences, balanced by length.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <algorithm>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 namespace {
@@ -51,61 +53,98 @@ inline void axpys(const float* p, int64_t p_stride, const float* v, int64_t grou
   }
 }
 
+// Ask for a whole KV block ahead of use: blocks sit anywhere in the cache, so the hardware prefetcher
+// cannot guess the next one.
+inline void prefetch_block(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
+}
+
+// One sequence, all heads: reads each of its KV blocks front to back once for K and once for V.
+template <typename T>
+void decode_sequence(int64_t s, T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                     int64_t len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                     float scale, int64_t q_stride_tok, int64_t q_stride_head, int64_t o_stride_tok,
+                     int64_t o_stride_head, std::vector<float>& scores, std::vector<float>& qf,
+                     std::vector<float>& acc, std::vector<float>& row_buf) {
+  const int64_t group = num_heads / num_kv_heads;
+  // cache layout [num_blocks, block_size, num_kv_heads, head_dim], contiguous
+  const int64_t tok_stride = num_kv_heads * head_dim;
+  const int64_t blk_stride = block_size * tok_stride;
+  const int64_t num_blocks = (len + block_size - 1) / block_size;
+  scores.resize(num_heads * len);
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const T* qrow = q + s * q_stride_tok + h * q_stride_head;
+    for (int64_t i = 0; i < head_dim; ++i) qf[h * head_dim + i] = to_float(qrow[i]) * scale;
+  }
+  // scores[h, t] = q_h . k_t (the query heads of a group share their KV head's row)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const T* kblk = k_cache + int64_t(table[b]) * blk_stride;
+    if (b + 1 < num_blocks) prefetch_block(k_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(T));
+    const int64_t t0 = b * block_size, n = std::min(block_size, len - t0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
+        const float* krow = as_float(kblk + j * tok_stride + kh * head_dim, row_buf.data(), head_dim);
+        dots(&qf[kh * group * head_dim], krow, group, head_dim, &scores[kh * group * len + t0 + j], len);
+      }
+    }
+  }
+  // softmax over t, per query head
+  for (int64_t h = 0; h < num_heads; ++h) {
+    float* row = &scores[h * len];
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len; ++t) mx = std::max(mx, row[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) {
+      row[t] = std::exp(row[t] - mx);
+      sum += row[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < len; ++t) row[t] *= inv;
+  }
+  // out[h] = sum_t p[h, t] v_t
+  std::fill(acc.begin(), acc.end(), 0.f);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const T* vblk = v_cache + int64_t(table[b]) * blk_stride;
+    if (b + 1 < num_blocks) prefetch_block(v_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(T));
+    const int64_t t0 = b * block_size, n = std::min(block_size, len - t0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
+        const float* vrow = as_float(vblk + j * tok_stride + kh * head_dim, row_buf.data(), head_dim);
+        axpys(&scores[kh * group * len + t0 + j], len, vrow, group, head_dim, &acc[kh * group * head_dim]);
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    T* orow = out + s * o_stride_tok + h * o_stride_head;
+    for (int64_t i = 0; i < head_dim; ++i) orow[i] = static_cast<T>(acc[h * head_dim + i]);
+  }
+}
+
 template <typename T>
 void decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
                    const int32_t* seq_lens, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale,
                    int64_t q_stride_tok, int64_t q_stride_head, int64_t o_stride_tok, int64_t o_stride_head) {
-  const int64_t group = num_heads / num_kv_heads;
-  // cache layout [num_blocks, block_size, num_kv_heads, head_dim], contiguous
-  const int64_t tok_stride = num_kv_heads * head_dim;
-  const int64_t blk_stride = block_size * tok_stride;
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qf(group * head_dim), acc(group * head_dim), row_buf(head_dim);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t s = item / num_kv_heads, kh = item % num_kv_heads;
-      const int64_t len = seq_lens[s];
-      const int32_t* table = tables + s * max_blocks;
-      scores.resize(group * len);
-      for (int64_t g = 0; g < group; ++g) {
-        const T* qrow = q + s * q_stride_tok + (kh * group + g) * q_stride_head;
-        for (int64_t i = 0; i < head_dim; ++i) qf[g * head_dim + i] = to_float(qrow[i]) * scale;
-      }
-      // scores[g, t] = q_g . k_t
-      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const T* kblk = k_cache + int64_t(table[t0 / block_size]) * blk_stride + kh * head_dim;
-        const int64_t n = std::min(block_size, len - t0);
-        for (int64_t j = 0; j < n; ++j) {
-          const float* krow = as_float(kblk + j * tok_stride, row_buf.data(), head_dim);
-          dots(qf.data(), krow, group, head_dim, &scores[t0 + j], len);
-        }
-      }
-      // softmax over t, per query head
-      for (int64_t g = 0; g < group; ++g) {
-        float* row = &scores[g * len];
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, row[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-          row[t] = std::exp(row[t] - mx);
-          sum += row[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) row[t] *= inv;
-      }
-      // out[g] = sum_t p[g, t] v_t
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const T* vblk = v_cache + int64_t(table[t0 / block_size]) * blk_stride + kh * head_dim;
-        const int64_t n = std::min(block_size, len - t0);
-        for (int64_t j = 0; j < n; ++j) {
-          const float* vrow = as_float(vblk + j * tok_stride, row_buf.data(), head_dim);
-          axpys(&scores[t0 + j], len, vrow, group, head_dim, acc.data());
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        T* orow = out + s * o_stride_tok + (kh * group + g) * o_stride_head;
-        for (int64_t i = 0; i < head_dim; ++i) orow[i] = static_cast<T>(acc[g * head_dim + i]);
+  // One task per thread, sequences dealt longest first to the least loaded task (work ~ length).
+  const int64_t num_tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_seqs));
+  std::vector<int64_t> order(num_seqs);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return seq_lens[a] > seq_lens[b]; });
+  std::vector<std::vector<int64_t>> tasks(num_tasks);
+  std::vector<int64_t> load(num_tasks, 0);
+  for (int64_t s : order) {
+    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    tasks[t].push_back(s);
+    load[t] += seq_lens[s] + 1;
+  }
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, qf(num_heads * head_dim), acc(num_heads * head_dim), row_buf(head_dim);
+    for (int64_t task = begin; task < end; ++task) {
+      for (int64_t s : tasks[task]) {
+        decode_sequence<T>(s, out, q, k_cache, v_cache, tables + s * max_blocks, seq_lens[s], num_heads,
+                           num_kv_heads, head_dim, block_size, scale, q_stride_tok, q_stride_head, o_stride_tok,
+                           o_stride_head, scores, qf, acc, row_buf);
       }
     }
   });
