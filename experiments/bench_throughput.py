@@ -22,15 +22,15 @@ the device's measured copy bandwidth and matmul rate (see `roofline`). Results: 
 """
 import argparse
 import json
-import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from experiments.bench_roofline import model_numbers, workload_bound
+from experiments.bench_systems import make_workload
 from experiments.bench_common import (
     environment,
     load_average,
@@ -50,268 +50,6 @@ PRESETS = {
                 output_range=(16, 128), token_range=(0, 10000), max_num_seqs=32, max_num_batched_tokens=1024,
                 hf_batch_sizes=[8, 32], systems=["engine-cpu", "engine-torch", "hf-static", "hf-cb"]),
 }
-
-
-# ---- workload ------------------------------------------------------------------------------------------
-def make_workload(num_requests, prompt_range, output_range, token_range, seed=0):
-    """nano-vllm's bench.py: randint lengths, randint token ids (same draws for every system)."""
-    rng = random.Random(seed)
-    prompts = [[rng.randint(*token_range) for _ in range(rng.randint(*prompt_range))] for _ in range(num_requests)]
-    outputs = [rng.randint(*output_range) for _ in range(num_requests)]
-    return prompts, outputs
-
-
-# ---- roofline --------------------------------------------------------------------------------------------
-def model_numbers(hf_config: dict, dtype_bytes: int) -> dict:
-    h, i, L = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
-    heads = hf_config["num_attention_heads"]
-    kvh = hf_config.get("num_key_value_heads") or heads
-    d = hf_config.get("head_dim") or h // heads
-    vocab = hf_config["vocab_size"]
-    per_layer = h * (heads + 2 * kvh) * d + heads * d * h + 3 * h * i + 2 * h
-    body = L * per_layer + h                                   # + final norm
-    return {"layers": L, "heads": heads, "head_dim": d, "lm_head_params": vocab * h, "body_params": body,
-            # per decode step every weight is read once: body + lm_head (tied or not, the matrix is read)
-            "step_weight_bytes": (body + vocab * h) * dtype_bytes,
-            "kv_bytes_per_token": 2 * L * kvh * d * dtype_bytes}
-
-
-def workload_bound(prompts, outputs, numbers: dict, max_batch: int, bandwidth: float, flops_rate: float) -> dict:
-    """A lower bound on the time any engine needs for this workload on this device.
-
-    memory: weights are read at least once per forward, and there are at least max(longest output,
-    total outputs / max batch) sequential forwards; every decode token reads its context's KV once.
-    compute: 2 * params FLOPs per processed token (lm_head only where a token is sampled) + attention
-    (QK^T and PV: 4 * layers * heads * head_dim per (query, key) pair, causal within a prompt).
-    """
-    lens = [len(p) for p in prompts]
-    total_out = sum(outputs)
-    steps = max(max(outputs), math.ceil(total_out / max_batch))
-    kv_tokens_read = sum((o - 1) * p + o * (o - 1) // 2 for p, o in zip(lens, outputs))   # sum_{j=1}^{o-1} (p + j)
-    bytes_total = steps * numbers["step_weight_bytes"] + kv_tokens_read * numbers["kv_bytes_per_token"]
-    processed = sum(p + o - 1 for p, o in zip(lens, outputs))
-    attn_per_pair = 4 * numbers["layers"] * numbers["heads"] * numbers["head_dim"]
-    pairs = sum(p * (p + 1) // 2 for p in lens) + kv_tokens_read
-    flops = 2 * numbers["body_params"] * processed + 2 * numbers["lm_head_params"] * total_out + attn_per_pair * pairs
-    t_mem, t_flops = bytes_total / bandwidth, flops / flops_rate
-    return {"bytes": bytes_total, "flops": flops, "min_forwards": steps, "t_memory_s": t_mem, "t_compute_s": t_flops,
-            "bound_s": max(t_mem, t_flops), "bound_output_tok_s": total_out / max(t_mem, t_flops),
-            "bandwidth_Bps": bandwidth, "flops_per_s": flops_rate}
-
-
-def measure_device(device: str, dtype) -> dict:
-    """Measured copy bandwidth (bytes read + written per second) and dense matmul rate in the run's dtype."""
-    import torch
-    if device == "cuda":
-        def t_ms(fn, iters=10):
-            fn()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / iters
-        src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        bw = 2 * src.numel() / (t_ms(lambda: dst.copy_(src)) / 1e3)
-        del src, dst
-        n = 8192
-        a, b = (torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2))
-        rate = 2 * n ** 3 / (t_ms(lambda: a @ b) / 1e3)
-        return {"bandwidth_Bps": bw, "flops_per_s": rate, "matmul": f"{n}^3 {dtype}", "copy": "1 GiB d2d"}
-
-    def best(fn, iters=5):
-        fn()
-        times = []
-        for _ in range(iters):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times)
-    src = torch.ones(64 * 2**20, dtype=torch.float32)          # 256 MiB
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() * 4 / best(lambda: dst.copy_(src))
-    n = 2048
-    a, b = (torch.randn(n, n, dtype=dtype) for _ in range(2))
-    rate = 2 * n ** 3 / best(lambda: a @ b)
-    return {"bandwidth_Bps": bw, "flops_per_s": rate, "matmul": f"{n}^3 {dtype}", "copy": "256 MiB host copy",
-            "note": "best of 5 (the machine is shared)"}
-
-
-# ---- workers (one system per process) ------------------------------------------------------------------
-def _hf_model(spec):
-    """The same model for transformers: real SmolLM2 weights, or the shape config with random weights."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from testbed.models.registry import resolve_model
-    resolved = resolve_model(spec["model"])
-    dtype = getattr(torch, spec["dtype"])
-    if resolved.weights_folder is not None:
-        model = AutoModelForCausalLM.from_pretrained(resolved.weights_folder, dtype=dtype)
-    else:
-        cfg = dict(resolved.hf_config)
-        cfg.pop("name", None)
-        config = LlamaConfig(**cfg)
-        with torch.device(spec["device"]):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model = model.to(spec["device"]).eval()
-    model.generation_config.eos_token_id = None          # EOS ignored, as in the engine runs
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-def run_engine(spec, prompts, outputs) -> dict:
-    import torch
-
-    from testbed import Engine, EngineConfig, SamplingParams
-    kernel = spec["system"].split("-", 1)[1]
-    t0 = time.perf_counter()
-    engine = Engine(EngineConfig(model=spec["model"], kernel=kernel, dtype=spec["dtype"], device=spec["device"],
-                                 max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"],
-                                 max_model_len=spec["max_model_len"], block_size=16,
-                                 kv_cache_memory_gb=spec.get("kv_cache_memory_gb", 2.0),
-                                 enforce_eager=spec.get("enforce_eager", False)))
-    setup_s = time.perf_counter() - t0
-    graphs = getattr(engine.executor, "cuda_graphs", None)
-    # warm-up: compiles kernels, fills allocator caches
-    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    for i in range(2):
-        engine.add_request(f"warm{i}", prompts[i][:64], warm)
-    while engine.has_unfinished():
-        engine.step()
-    if spec["device"] == "cuda":
-        torch.cuda.synchronize()
-    replays_before = graphs.replays if graphs else 0
-    start = time.perf_counter()
-    for i, (p, o) in enumerate(zip(prompts, outputs)):
-        engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
-    produced, steps, step_times = {}, 0, []
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                produced[out.request_id] = len(out.outputs[0].token_ids)
-        steps += 1
-        step_times.append(engine.last_stats.duration_s if engine.last_stats else 0.0)
-    if spec["device"] == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    assert [produced[str(i)] for i in range(len(prompts))] == outputs, "every request must produce its length"
-    return {"elapsed_s": elapsed, "output_tokens": sum(outputs), "steps": steps, "setup_s": setup_s,
-            "num_blocks": engine.kv.num_blocks, "preemptions": engine.scheduler.num_preemptions,
-            "cuda_graph_replays": (graphs.replays - replays_before) if graphs else 0,
-            "cuda_graph_capture_s": graphs.capture_seconds if graphs else 0.0,
-            "note": f"max_num_seqs={spec['max_num_seqs']}, max_num_batched_tokens={spec['max_num_batched_tokens']}"
-                    + (", CUDA graphs" if graphs and graphs.use_graphs else ", eager")}
-
-
-def run_hf_static(spec, prompts, outputs) -> dict:
-    import torch
-    model = _hf_model(spec)
-    batch = spec["batch_size"]
-    dev = spec["device"]
-
-    def generate(batch_prompts, max_new):
-        width = max(len(p) for p in batch_prompts)
-        ids = torch.zeros(len(batch_prompts), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, p in enumerate(batch_prompts):                 # left padding
-            ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
-        with torch.inference_mode():
-            out = model.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new,
-                                 min_new_tokens=max_new, do_sample=False, eos_token_id=None, pad_token_id=0)
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        assert out.shape[1] == width + max_new, "generate stopped early"
-
-    generate([prompts[0][:16]], 4)                           # warm-up
-    start = time.perf_counter()
-    done_tokens, done_requests, complete = 0, 0, True
-    for b in range(0, len(prompts), batch):
-        generate(prompts[b:b + batch], max(outputs[b:b + batch]))
-        done_tokens += sum(outputs[b:b + batch])
-        done_requests += len(outputs[b:b + batch])
-        if time.perf_counter() - start > spec["time_limit_s"] and done_requests < len(prompts):
-            complete = False                                  # batches are iid: the rate so far is unbiased
-            break
-    elapsed = time.perf_counter() - start
-    padded = sum(max(outputs[b:b + batch]) * len(outputs[b:b + batch]) for b in range(0, done_requests, batch))
-    return {"elapsed_s": elapsed, "output_tokens": done_tokens, "complete": complete,
-            "requests_done": done_requests, "padded_output_tokens": padded,
-            "note": f"batch {batch}, left-padded, {math.ceil(len(prompts) / batch)} batches"
-                    + ("" if complete else f" (time limit: {done_requests}/{len(prompts)} requests measured)")}
-
-
-def run_hf_cb(spec, prompts, outputs) -> dict:
-    import torch
-    from transformers import GenerationConfig
-    model = _hf_model(spec)
-    gen = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
-    kwargs = {}
-    try:
-        from transformers.generation.continuous_batching.utils import WorkloadHints
-        kwargs["workload_hints"] = WorkloadHints(max_prompt_length=max(len(p) for p in prompts),
-                                                 max_generated_length=max(outputs), num_requests=len(prompts))
-    except (ImportError, TypeError):
-        pass
-    manager = model.init_continuous_batching(generation_config=gen, **kwargs)
-    t0 = time.perf_counter()
-    manager.warmup()
-    warmup_s = time.perf_counter() - t0
-    attn = str(model.config._attn_implementation)          # as switched by the manager (paged|...)
-    manager.start()
-    try:
-        # warm-up request, then the workload
-        manager.add_request(prompts[0][:16], request_id="warm", max_new_tokens=4, eos_token_id=-1)
-        while True:
-            r = manager.get_result(timeout=600)
-            if r is None:
-                raise RuntimeError("continuous batching produced no result (warm-up)")
-            if r.is_finished():
-                break
-        if spec["device"] == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for i, (p, o) in enumerate(zip(prompts, outputs)):
-            manager.add_request(p, request_id=str(i), max_new_tokens=o, eos_token_id=-1)
-        produced = {}
-        while len(produced) < len(prompts):
-            r = manager.get_result(timeout=spec["time_limit_s"])
-            if r is None:
-                raise RuntimeError(f"continuous batching stalled after {len(produced)} results")
-            if r.error:
-                raise RuntimeError(f"request {r.request_id} failed: {r.error}")
-            if r.is_finished():
-                produced[r.request_id] = len(r.generated_tokens)
-        elapsed = time.perf_counter() - start
-    finally:
-        manager.stop(block=True, timeout=30)
-    short = [i for i in range(len(prompts)) if produced[str(i)] != outputs[i]]
-    return {"elapsed_s": elapsed, "output_tokens": sum(produced.values()), "warmup_s": warmup_s,
-            "short_requests": len(short), "attn_implementation": attn, "note": f"attn={attn}"}
-
-
-def run_device(spec, prompts, outputs) -> dict:
-    import torch
-    return measure_device(spec["device"], getattr(torch, spec["dtype"]))
-
-
-WORKERS = {"engine-triton": run_engine, "engine-cpu": run_engine, "engine-torch": run_engine,
-           "hf-static": run_hf_static, "hf-cb": run_hf_cb, "device": run_device}
-
-
-def worker_main(spec_file: str, out_file: str) -> None:
-    spec = json.loads(Path(spec_file).read_text())
-    if spec.get("threads"):
-        import torch
-        torch.set_num_threads(spec["threads"])
-    prompts, outputs = make_workload(spec["num_requests"], spec["prompt_range"], spec["output_range"],
-                                     spec["token_range"], spec["seed"])
-    result = WORKERS[spec["system"]](spec, prompts, outputs)
-    Path(out_file).write_text(json.dumps(result))
 
 
 # ---- orchestration ---------------------------------------------------------------------------------------
@@ -345,8 +83,8 @@ def run_system(spec: dict, timeout_s: float) -> dict:
         load = load_average()
         t = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-m", "experiments.bench_throughput", "--worker", str(spec_file),
-                                   str(out_file)], cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True)
+            proc = subprocess.run([sys.executable, "-m", "experiments.bench_systems", str(spec_file), str(out_file)],
+                                  cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout_s:.0f} s", "load_before": load}
         wall = time.perf_counter() - t
@@ -361,7 +99,6 @@ def run_system(spec: dict, timeout_s: float) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="default: gpu if CUDA is available")
     p.add_argument("--model")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS)
@@ -381,9 +118,6 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", help="result file stem (default: <preset>-<model>)")
     a = p.parse_args()
-    if a.worker:
-        worker_main(*a.worker)
-        return 0
 
     import torch
     preset_name = a.preset or ("gpu" if torch.cuda.is_available() else "cpu")
