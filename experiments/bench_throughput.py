@@ -45,7 +45,7 @@ SYSTEMS = ("engine-triton", "engine-cpu", "engine-torch", "hf-static", "hf-cb")
 PRESETS = {
     "gpu": dict(model="llama-3.2-1b", dtype="bfloat16", num_requests=256, prompt_range=(100, 1024),
                 output_range=(100, 1024), token_range=(0, 10000), max_num_seqs=256, max_num_batched_tokens=8192,
-                hf_batch_sizes=[256], systems=list(SYSTEMS)),
+                hf_batch_sizes=[256], systems=["engine-triton", "engine-torch", "hf-static", "hf-cb"]),
     "cpu": dict(model="smollm2-135m", dtype="float32", num_requests=32, prompt_range=(32, 512),
                 output_range=(16, 128), token_range=(0, 10000), max_num_seqs=32, max_num_batched_tokens=1024,
                 hf_batch_sizes=[8, 32], systems=["engine-cpu", "engine-torch", "hf-static", "hf-cb"]),
