@@ -22,3 +22,13 @@ def smollm2_folder():
 def tokenizer(smollm2_folder):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(smollm2_folder)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small ops on a shared 2-core machine: intra-op threads only spin against each other.
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

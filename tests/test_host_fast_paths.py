@@ -7,7 +7,6 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from testbed import LLM, SamplingParams
 from testbed.core.allocators.base import final_length
@@ -17,13 +16,7 @@ from testbed.core.scheduler import Scheduler, SchedulerConfig
 from testbed.request import Request
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only spin against each other."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _prompts(n=10, seed=0):

@@ -9,13 +9,7 @@ import torch
 from testbed import LLM, SamplingParams
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small ops on a shared 2-core machine: intra-op threads only spin against each other."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SPECS = {
     "ngram": dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3),

@@ -1,7 +1,6 @@
 """Greedy output with speculation equals greedy output without it, token for token, on the real
 smollm2-135m, for every proposer, under preemption with prefix caching on (and a split token budget)."""
 import pytest
-import torch
 
 from testbed import LLM, SamplingParams
 from test_spec_engine import AccountingCheck
@@ -30,12 +29,7 @@ MODES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

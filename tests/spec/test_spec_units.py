@@ -7,13 +7,7 @@ from testbed.spec.metrics import SpecMetrics
 from testbed.spec.ngram import ngram_propose
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small ops on a shared 2-core machine: intra-op threads only spin against each other."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:
