@@ -19,6 +19,7 @@ class CpuBackend(KernelBackend):
 
     def __init__(self):
         cpu_kernels.load()        # compile (or load the cached build) now, not inside the first step
+        self._split_of, self._split_cache = None, None
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         reference.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -29,19 +30,25 @@ class CpuBackend(KernelBackend):
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
             return cpu_kernels.paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
         out = torch.empty_like(q)
-        starts = meta.query_start_loc.tolist()
-        lens = meta.seq_lens.tolist()
-        decode_seqs = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
-        if decode_seqs:                      # a mixed step: the decoding sequences still go through the kernel
-            idx = torch.tensor(decode_seqs)
-            rows = torch.tensor([starts[i] for i in decode_seqs])
-            out[rows] = cpu_kernels.paged_decode(q[rows], k_cache, v_cache, meta.seq_lens[idx],
-                                                 meta.block_tables[idx], scale)
-        for i, ctx_len in enumerate(lens):
-            q_lo, q_hi = starts[i], starts[i + 1]
-            if q_hi - q_lo > 1:
-                out[q_lo:q_hi] = _prefill_one(q[q_lo:q_hi], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
+        rows, decode_lens, decode_tables, prefills = self._split(meta)
+        if rows is not None:                 # a mixed step: the decoding sequences still go through the kernel
+            out[rows] = cpu_kernels.paged_decode(q[rows], k_cache, v_cache, decode_lens, decode_tables, scale)
+        for i, q_lo, q_hi, ctx_len in prefills:
+            out[q_lo:q_hi] = _prefill_one(q[q_lo:q_hi], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
         return out
+
+    def _split(self, meta: AttentionMetadata):
+        """Decode rows vs prefill chunks of a step, worked out once per step (every layer shares `meta`)."""
+        if self._split_of is not meta:
+            starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+            decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+            idx = torch.tensor(decode, dtype=torch.long)
+            self._split_cache = (torch.tensor([starts[i] for i in decode], dtype=torch.long) if decode else None,
+                                 meta.seq_lens[idx], meta.block_tables[idx],
+                                 [(i, starts[i], starts[i + 1], n) for i, n in enumerate(lens)
+                                  if starts[i + 1] - starts[i] > 1])
+            self._split_of = meta
+        return self._split_cache
 
     def rms_norm(self, x, weight, eps, residual=None):
         return cpu_kernels.rms_norm(x, weight, eps, residual)
