@@ -41,20 +41,25 @@ def workload_bound(prompts, outputs, numbers: dict, max_batch: int, bandwidth: f
             "bandwidth_Bps": bandwidth, "flops_per_s": flops_rate}
 
 
+def cuda_time_ms(fn, iters=10) -> float:
+    """Mean milliseconds per call of fn on the GPU (one warm-up call, CUDA events)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def measure_device(device: str, dtype) -> dict:
     """Measured copy bandwidth (bytes read + written per second) and dense matmul rate in the run's dtype."""
     import torch
     if device == "cuda":
-        def t_ms(fn, iters=10):
-            fn()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / iters
+        t_ms = cuda_time_ms
         src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         bw = 2 * src.numel() / (t_ms(lambda: dst.copy_(src)) / 1e3)

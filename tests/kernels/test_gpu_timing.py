@@ -2,19 +2,9 @@
 import pytest
 import torch
 
+from experiments.bench_roofline import cuda_time_ms
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def cuda_time_ms(fn, iters=20):
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def test_decode_faster_than_torch_reference():
@@ -35,7 +25,7 @@ def test_decode_faster_than_torch_reference():
     ref = KernelBackend()._decode(q, k_cache, v_cache, meta, scale)
     out = paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, max_seq_len=ctx)
     assert (out.float() - ref.float()).abs().max() < 2e-2
-    t_triton = cuda_time_ms(lambda: paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, max_seq_len=ctx))
-    t_torch = cuda_time_ms(lambda: KernelBackend()._decode(q, k_cache, v_cache, meta, scale))
+    t_triton = cuda_time_ms(lambda: paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, max_seq_len=ctx), iters=20)
+    t_torch = cuda_time_ms(lambda: KernelBackend()._decode(q, k_cache, v_cache, meta, scale), iters=20)
     print(f"decode: triton {t_triton:.3f} ms, torch reference {t_torch:.3f} ms")
     assert t_triton < t_torch
