@@ -2,7 +2,7 @@
 PY ?= python3
 PIP = $(PY) -m pip
 
-.PHONY: install run test test-slow bench
+.PHONY: install run test test-slow bench lint format
 
 install:
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
@@ -19,4 +19,15 @@ test-slow: install
 	$(PY) -m pytest -q -m slow
 
 bench: install
-	$(PY) -m pytest -q benchmarks --benchmark-only -p no:cacheprovider -o addopts=""
+	$(PY) -m pytest -q benchmarks/micro --benchmark-only -p no:cacheprovider -o addopts=""
+
+# ruff (lint + format check) and clang-format over kernels/cpu; `make format` rewrites in place
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	clang-format --dry-run --Werror kernels/cpu/*.cpp
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+	clang-format -i kernels/cpu/*.cpp

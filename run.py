@@ -1,5 +1,6 @@
 """Entry point: `python run.py [overrides]` (or `testbed-run [overrides]`, from any directory) assembles the
 engine from conf/ and runs the chosen mode."""
+
 import sys
 from pathlib import Path
 
@@ -27,14 +28,17 @@ def main(cfg: DictConfig) -> dict:
         try:
             if mode == "replay":
                 from experiments.runner import run_trace
+
                 return run_trace(cfg, out_dir, engine)
             from experiments.offline import run_offline
+
             return run_offline(engine, cfg.workload, out_dir, cfg)
-        except KeyboardInterrupt:   # the runner has written what it measured (summary: interrupted)
+        except KeyboardInterrupt:  # the runner has written what it measured (summary: interrupted)
             print(f"interrupted: partial results in {out_dir}", file=sys.stderr)
             sys.exit(130)
     if mode == "serve":
         from testbed.server import serve
+
         return serve(engine, cfg.server)
     raise ValueError(f"unknown mode {cfg.mode!r}")
 

@@ -1,4 +1,5 @@
 """Map a Hydra config onto the engine's EngineConfig (the one place that knows both shapes)."""
+
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.config import EngineConfig

@@ -49,12 +49,12 @@ step() {  # step NAME MAX_SECONDS COMMAND...
 step "gpu tests" 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider \
     tests/test_cuda_graphs.py tests/kernels/test_gpu_timing.py --junitxml="$OUT/pytest_gpu.xml"
 
-step "throughput llama-3.2-1b" 300 python3 -m experiments.bench_throughput --preset gpu --out "$OUT" \
+step "throughput llama-3.2-1b" 300 python3 -m benchmarks.throughput --preset gpu --out "$OUT" \
     --name throughput --time-limit 60 --system-timeout 150 ${BENCH_ARGS:-}
 
 step "kernel check" 100 python3 experiments/gpu_kernel_check.py "$OUT/kernels.json" --iters 10
 
-step "host cost per step" 30 python3 -m experiments.bench_host --running 256 --steps 100 --no-gc-freeze-rows --out "$OUT"
+step "host cost per step" 30 python3 -m benchmarks.host --running 256 --steps 100 --no-gc-freeze-rows --out "$OUT"
 
 echo
 echo "================ gpu_check summary ($(( $(date +%s) - START ))s) ================"

@@ -20,6 +20,7 @@ Columns the client cannot see (first_scheduled_time, cached_tokens, num_preempti
 server's /metrics has the engine-side view. A failed request has finish_reason "error" and the reason
 in "error"; it counts as failed in the summary, as aborts do.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ import pandas as pd
 
 from experiments.metrics import request_summary
 from experiments.recorder import REQUEST_COLUMNS, request_row, requests_frame
-from experiments.traces.spec import RequestSpec
+from experiments.traces.types import RequestSpec
 
 COLUMNS = REQUEST_COLUMNS + ["error"]
 
@@ -45,9 +46,15 @@ def _row(spec: RequestSpec, arrival_time: float) -> dict:
 
 
 def request_body(spec: RequestSpec, model: str, temperature: float = 0.0, extra: dict | None = None) -> dict:
-    body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": int(spec.max_tokens),
-            "temperature": temperature, "ignore_eos": bool(spec.ignore_eos), "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body = {
+        "model": model,
+        "prompt": list(spec.prompt_token_ids),
+        "max_tokens": int(spec.max_tokens),
+        "temperature": temperature,
+        "ignore_eos": bool(spec.ignore_eos),
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     if spec.priority:
         body["priority"] = int(spec.priority)
     body.update(extra or {})
@@ -80,7 +87,7 @@ async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, 
                     continue
                 usage, choices = chunk.get("usage"), chunk.get("choices") or []
                 if not choices:
-                    continue                  # the final usage-only chunk
+                    continue  # the final usage-only chunk
                 if usage is not None:
                     n_new = int(usage.get("completion_tokens", 0)) - row["output_tokens"]
                 else:
@@ -93,31 +100,40 @@ async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, 
                 if choices[0].get("finish_reason"):
                     row["finish_reason"] = choices[0]["finish_reason"]
                     row["finish_time"] = now
-    except Exception as e:                    # a failed request is a row, not a failed replay
+    except Exception as e:  # a failed request is a row, not a failed replay
         row["error"] = f"{type(e).__name__}: {e}"
     finally:
         if row["error"]:
             row["finish_reason"], row["finish_time"] = "error", None
-        elif row["finish_reason"] is None:    # stream ended without a finish reason
+        elif row["finish_reason"] is None:  # stream ended without a finish reason
             row["finish_reason"], row["error"] = "error", "stream ended without finish_reason"
 
 
 @dataclass
 class HttpReplay:
     requests: pd.DataFrame
-    start_time: float                 # time.monotonic when sending began
-    end_time: float                   # last finish (or now, if nothing finished)
+    start_time: float  # time.monotonic when sending began
+    end_time: float  # last finish (or now, if nothing finished)
 
     def summary(self, slo=None, **kwargs) -> dict:
         return request_summary(self.requests, self.start_time, self.end_time, slo, **kwargs)
 
 
-async def replay_http_async(specs: Sequence[RequestSpec], base_url: str, model: str, api_key: str | None = None,
-                            mode: str = "open_loop", concurrency: int | None = None, temperature: float = 0.0,
-                            timeout_s: float | None = 600.0, extra_body: dict | None = None) -> HttpReplay:
+async def replay_http_async(
+    specs: Sequence[RequestSpec],
+    base_url: str,
+    model: str,
+    api_key: str | None = None,
+    mode: str = "open_loop",
+    concurrency: int | None = None,
+    temperature: float = 0.0,
+    timeout_s: float | None = 600.0,
+    extra_body: dict | None = None,
+) -> HttpReplay:
     """mode: open_loop (each request at its arrival_s), offline (all at once) or closed_loop
     (`concurrency` in flight, trace order), as experiments.replay's drivers."""
     import httpx
+
     if mode not in ("offline", "open_loop", "closed_loop"):
         raise ValueError(f"unknown replay mode {mode!r}; one of offline, open_loop, closed_loop")
     if mode == "closed_loop" and (not isinstance(concurrency, int) or concurrency < 1):
@@ -133,7 +149,8 @@ async def replay_http_async(specs: Sequence[RequestSpec], base_url: str, model: 
 
         def body(spec):
             return request_body(spec, model, temperature, extra_body)
-        if mode == "closed_loop":     # a new request the moment one finishes
+
+        if mode == "closed_loop":  # a new request the moment one finishes
             queue = list(reversed(specs))
 
             async def worker():
@@ -142,6 +159,7 @@ async def replay_http_async(specs: Sequence[RequestSpec], base_url: str, model: 
                     row = _row(spec, time.monotonic())
                     rows.append(row)
                     await _send(client, url, headers, spec, body(spec), row)
+
             await asyncio.gather(*[worker() for _ in range(concurrency)])
         else:
             tasks = []
@@ -168,6 +186,7 @@ def replay_http(specs: Sequence[RequestSpec], base_url: str, model: str, **kwarg
 def server_info(base_url: str, api_key: str | None = None) -> dict:
     """The served model's card: id, max_model_len, vocab_size (this server's extension fields)."""
     import httpx
+
     base = base_url.rstrip("/").removesuffix("/v1")
     headers = _auth_headers(api_key)
     r = httpx.get(base + "/v1/models", headers=headers, timeout=30)
@@ -195,25 +214,72 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     replay_cfg = config_value(cfg, "replay") or {}
     mode = replay_cfg.get("name", "open_loop")
     info = server_info(url, api_key)
-    trace = load_trace(trace_cfg, vocab_size=int(info.get("vocab_size") or 32000),
-                       max_model_len=int(info["max_model_len"]))
+    trace = load_trace(
+        trace_cfg, vocab_size=int(info.get("vocab_size") or 32000), max_model_len=int(info["max_model_len"])
+    )
     specs, length_report = apply_length_policy(trace.requests, replay_cfg)
-    run = replay_http(specs, url, info["id"], api_key=api_key, mode=mode, concurrency=replay_cfg.get("concurrency"),
-                      temperature=replay_cfg.get("temperature", 0.0) or 0.0)
+    run = replay_http(
+        specs,
+        url,
+        info["id"],
+        api_key=api_key,
+        mode=mode,
+        concurrency=replay_cfg.get("concurrency"),
+        temperature=replay_cfg.get("temperature", 0.0) or 0.0,
+    )
     summary = run.summary(slo, percentiles=percentiles)
     experiment = config_value(cfg, "experiment", "default")
-    summary.update({"experiment": experiment, "replay": mode, "trace": trace.report.get("format"),
-                    "target": "http", "url": url, "model": info["id"], "num_requests": len(specs),
-                    "num_sent": len(run.requests), "start_time": run.start_time, "end_time": run.end_time,
-                    "slo": slo, "percentiles": percentiles})
-    write_run(run_dir, config_yaml=OmegaConf.to_yaml(cfg), requests=run.requests, steps=pd.DataFrame(),
-              summary=summary, trace_report={**trace.report, "replay_length_policy": length_report})
+    summary.update(
+        {
+            "experiment": experiment,
+            "replay": mode,
+            "trace": trace.report.get("format"),
+            "target": "http",
+            "url": url,
+            "model": info["id"],
+            "num_requests": len(specs),
+            "num_sent": len(run.requests),
+            "start_time": run.start_time,
+            "end_time": run.end_time,
+            "slo": slo,
+            "percentiles": percentiles,
+        }
+    )
+    write_run(
+        run_dir,
+        config_yaml=OmegaConf.to_yaml(cfg),
+        requests=run.requests,
+        steps=pd.DataFrame(),
+        summary=summary,
+        trace_report={**trace.report, "replay_length_policy": length_report},
+    )
     table = Path(config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE)
-    append_sweep_row(table, sweep_row(summary, {"run_dir": run_dir.name, "target": "http", "model.name": info["id"],
-                                                "trace.name": trace_cfg.get("name"), "replay.name": mode}))
+    append_sweep_row(
+        table,
+        sweep_row(
+            summary,
+            {
+                "run_dir": run_dir.name,
+                "target": "http",
+                "model.name": info["id"],
+                "trace.name": trace_cfg.get("name"),
+                "replay.name": mode,
+            },
+        ),
+    )
     if not quiet:
-        keys = ("completed", "failed", "duration", "request_throughput", "output_throughput", "mean_ttft_ms",
-                "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms")
+        keys = (
+            "completed",
+            "failed",
+            "duration",
+            "request_throughput",
+            "output_throughput",
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "mean_tpot_ms",
+            "mean_itl_ms",
+            "mean_e2el_ms",
+        )
         print(json.dumps({k: summary.get(k) for k in keys}, indent=2, default=str))
         print(f"results: {run_dir}", file=sys.stderr)
     return summary
@@ -224,7 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description="Replay a trace against a running server, with the experiment config of run.py.",
         epilog="overrides: as for run.py, e.g. trace=azure replay=open_loop trace.max_requests=100 "
-               "trace.time_scale=2 (the engine keys are ignored: the server has its own engine)")
+        "trace.time_scale=2 (the engine keys are ignored: the server has its own engine)",
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--out", default=None, help="results folder (default results/<experiment>/http-<time>)")
@@ -239,9 +306,11 @@ def main(argv: list[str] | None = None) -> dict:
     with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
         try:
             cfg = compose(config_name="config", overrides=overrides)
-        except HydraException:       # a config without trace/replay groups in its defaults
-            cfg = compose(config_name="config", overrides=[
-                "+" + o if o.split("=", 1)[0] in ("trace", "replay") else o for o in overrides])
+        except HydraException:  # a config without trace/replay groups in its defaults
+            cfg = compose(
+                config_name="config",
+                overrides=["+" + o if o.split("=", 1)[0] in ("trace", "replay") else o for o in overrides],
+            )
     out = Path(args.out or f"results/{cfg.get('experiment') or 'default'}/http-{time.strftime('%Y%m%d-%H%M%S')}")
     return run_trace_http(cfg, out, args.url, args.api_key)
 

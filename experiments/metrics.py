@@ -20,6 +20,7 @@ Cache (from the steps table, time-averaged: each step weighted by its duration):
     paging; static allocators report them). prefix_hit_rate = cached prompt tokens / prompt tokens over
     first schedulings.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")   # vLLM --goodput keys ttft / tpot / e2el, in ms
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")  # vLLM --goodput keys ttft / tpot / e2el, in ms
 DEFAULT_PERCENTILES = (50, 90, 99)
 
 
@@ -42,12 +43,12 @@ def check_slo(slo: Mapping | None) -> dict[str, float]:
     out = {}
     for key, value in dict(slo or {}).items():
         if key not in SLO_KEYS:
-            raise SLOError(f"slo.{key}: unknown SLO key; valid keys are {list(SLO_KEYS)} "
-                           f"(milliseconds, null = not checked)")
+            raise SLOError(
+                f"slo.{key}: unknown SLO key; valid keys are {list(SLO_KEYS)} (milliseconds, null = not checked)"
+            )
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-                or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
             raise SLOError(f"slo.{key}: must be a positive number of milliseconds or null, got {value!r}")
         out[key] = float(value)
     return out
@@ -80,7 +81,7 @@ def _stats(name: str, values_ms, percentiles) -> dict:
     v = np.asarray(values_ms, dtype=float)
     v = v[~np.isnan(v)]
     out = {}
-    if v.size == 0:   # vLLM reports 0 for an empty list (np.mean([] or 0))
+    if v.size == 0:  # vLLM reports 0 for an empty list (np.mean([] or 0))
         v = np.zeros(1)
     out[f"mean_{name}_ms"] = float(np.mean(v))
     out[f"median_{name}_ms"] = float(np.median(v))
@@ -94,8 +95,13 @@ def completed_mask(requests: pd.DataFrame) -> pd.Series:
     return requests["finish_time"].notna() & (requests["finish_reason"] != "abort")
 
 
-def request_summary(requests: pd.DataFrame, start_time: float, end_time: float,
-                    slo: Mapping | None = None, percentiles=DEFAULT_PERCENTILES) -> dict:
+def request_summary(
+    requests: pd.DataFrame,
+    start_time: float,
+    end_time: float,
+    slo: Mapping | None = None,
+    percentiles=DEFAULT_PERCENTILES,
+) -> dict:
     """vLLM-named request metrics: counts, throughputs, latency statistics, goodput."""
     slo = check_slo(slo)
     done = add_request_latencies(requests[completed_mask(requests)])
@@ -116,7 +122,7 @@ def request_summary(requests: pd.DataFrame, start_time: float, end_time: float,
         good = np.ones(len(done), dtype=bool)
         for key, limit in slo.items():
             values = done[key].to_numpy(dtype=float)
-            good &= np.nan_to_num(values, nan=0.0) <= limit   # tpot undefined (1 token): no constraint
+            good &= np.nan_to_num(values, nan=0.0) <= limit  # tpot undefined (1 token): no constraint
         out["request_goodput"] = float(good.sum() / duration)
         out["slo_attainment"] = float(good.mean()) if len(done) else 0.0
     else:
@@ -140,10 +146,20 @@ def _time_mean(steps: pd.DataFrame, column: str) -> float:
 def step_summary(steps: pd.DataFrame) -> dict:
     """Our own per-step aggregates: KV utilisation, fragmentation, batch shape, preemptions."""
     if steps.empty:
-        return {"num_steps": 0, "kv_utilization_mean": 0.0, "kv_utilization_max": 0.0, "frag_internal": 0.0,
-                "frag_reserved": 0.0, "frag_external": 0.0, "mean_batch_size": 0.0, "max_batch_size": 0,
-                "mean_step_time_ms": 0.0, "prefill_tokens": 0, "decode_tokens": 0,
-                "max_output_tokens_per_s": 0.0}
+        return {
+            "num_steps": 0,
+            "kv_utilization_mean": 0.0,
+            "kv_utilization_max": 0.0,
+            "frag_internal": 0.0,
+            "frag_reserved": 0.0,
+            "frag_external": 0.0,
+            "mean_batch_size": 0.0,
+            "max_batch_size": 0,
+            "mean_step_time_ms": 0.0,
+            "prefill_tokens": 0,
+            "decode_tokens": 0,
+            "max_output_tokens_per_s": 0.0,
+        }
     tokens_per_s = steps["num_decode_tokens"] / steps["duration_s"].clip(lower=1e-9)
     return {
         "num_steps": len(steps),
@@ -161,14 +177,23 @@ def step_summary(steps: pd.DataFrame) -> dict:
     }
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, start_time: float, end_time: float,
-              slo: Mapping | None = None, percentiles=DEFAULT_PERCENTILES) -> dict:
+def summarize(
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    start_time: float,
+    end_time: float,
+    slo: Mapping | None = None,
+    percentiles=DEFAULT_PERCENTILES,
+) -> dict:
     """The run summary: vLLM's keys first, then ours (prefix hits from the requests table)."""
     out = request_summary(requests, start_time, end_time, slo, percentiles)
     out.update(step_summary(steps))
     prompt = requests.loc[requests["first_scheduled_time"].notna(), ["prompt_tokens", "cached_tokens"]]
-    out["prefix_hit_rate"] = float(prompt["cached_tokens"].sum() / prompt["prompt_tokens"].sum()) \
-        if len(prompt) and prompt["prompt_tokens"].sum() else 0.0
+    out["prefix_hit_rate"] = (
+        float(prompt["cached_tokens"].sum() / prompt["prompt_tokens"].sum())
+        if len(prompt) and prompt["prompt_tokens"].sum()
+        else 0.0
+    )
     out["num_preemptions"] = int(requests["num_preemptions"].sum()) if len(requests) else 0
     out["max_concurrent_requests"] = int((steps["num_running"] + steps["num_waiting"]).max()) if len(steps) else 0
     return out

@@ -3,6 +3,7 @@
 It goes through the trace runner (experiments.runner): the same results files, summary and console table
 as a trace replay, plus samples.json with the answers.
 """
+
 import json
 from pathlib import Path
 
@@ -37,8 +38,10 @@ QUESTIONS = [
 
 
 def build_prompts(tokenizer, n: int) -> list[list[int]]:
-    chats = [[{"role": "system", "content": PREAMBLE}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-             for i in range(n)]
+    chats = [
+        [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        for i in range(n)
+    ]
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
@@ -46,16 +49,33 @@ def build_prompts(tokenizer, n: int) -> list[list[int]]:
 def run_offline(engine: Engine, workload, out_dir: Path, cfg=None) -> dict:
     """The built-in prompt set, all at t=0, through the trace runner (same results files and summary)."""
     if engine.tokenizer is None:
-        raise ValueError(f"the default workload needs a tokenizer; model {engine.model_name!r} has none "
-                         f"(use a trace with token ids instead)")
+        raise ValueError(
+            f"the default workload needs a tokenizer; model {engine.model_name!r} has none "
+            f"(use a trace with token ids instead)"
+        )
     prompts = build_prompts(engine.tokenizer, workload.num_prompts)
-    specs = [RequestSpec(str(i), 0.0, ids, workload.max_tokens, ignore_eos=False,
-                         meta={"line": f"prompt {i}", "question": QUESTIONS[i % len(QUESTIONS)]})
-             for i, ids in enumerate(prompts)]
+    specs = [
+        RequestSpec(
+            str(i),
+            0.0,
+            ids,
+            workload.max_tokens,
+            ignore_eos=False,
+            meta={"line": f"prompt {i}", "question": QUESTIONS[i % len(QUESTIONS)]},
+        )
+        for i, ids in enumerate(prompts)
+    ]
     cfg = cfg if cfg is not None else OmegaConf.create({"experiment": "default", "replay": {"name": "offline"}})
     recorder = Recorder(keep_text=True)
-    summary = replay_specs(cfg, out_dir, engine, specs, temperature=workload.temperature, recorder=recorder,
-                           trace_report={"format": "builtin_prompts", "requests": len(specs)})
+    summary = replay_specs(
+        cfg,
+        out_dir,
+        engine,
+        specs,
+        temperature=workload.temperature,
+        recorder=recorder,
+        trace_report={"format": "builtin_prompts", "requests": len(specs)},
+    )
     samples = [{"question": s.meta["question"], "answer": recorder.texts.get(s.request_id, "")} for s in specs]
     (Path(out_dir) / "samples.json").write_text(json.dumps(samples, indent=2))
     Console().print(f"first answer: {samples[0]['answer'][:200]!r}")

@@ -4,6 +4,7 @@ The recorder listens on Engine.step_callbacks for steps; drivers hand it each re
 RequestOutput the engine returns. Everything is plain Python rows until `requests_frame` / `steps_frame`,
 so an interrupted run still has all it measured.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +13,21 @@ import pandas as pd
 
 # Columns of the requests table, in order (times: seconds on the engine clock).
 REQUEST_COLUMNS = [
-    "request_id", "trace_arrival_s", "arrival_time", "first_scheduled_time", "first_token_time",
-    "finish_time", "prompt_tokens", "output_tokens", "target_output_tokens", "cached_tokens",
-    "num_preemptions", "finish_reason", "trace_prompt_tokens", "trace_output_tokens", "trace_line",
+    "request_id",
+    "trace_arrival_s",
+    "arrival_time",
+    "first_scheduled_time",
+    "first_token_time",
+    "finish_time",
+    "prompt_tokens",
+    "output_tokens",
+    "target_output_tokens",
+    "cached_tokens",
+    "num_preemptions",
+    "finish_reason",
+    "trace_prompt_tokens",
+    "trace_output_tokens",
+    "trace_line",
     "token_times",
 ]
 
@@ -23,13 +36,22 @@ def request_row(spec, arrival_time: float) -> dict:
     """A sent request's row before anything came back (times None, counts 0)."""
     meta = spec.meta or {}
     return {
-        "request_id": spec.request_id, "trace_arrival_s": float(spec.arrival_s),
-        "arrival_time": float(arrival_time), "first_scheduled_time": None, "first_token_time": None,
-        "finish_time": None, "prompt_tokens": len(spec.prompt_token_ids), "output_tokens": 0,
-        "target_output_tokens": spec.max_tokens, "cached_tokens": 0, "num_preemptions": 0,
-        "finish_reason": None, "trace_prompt_tokens": meta.get("prompt_len"),
+        "request_id": spec.request_id,
+        "trace_arrival_s": float(spec.arrival_s),
+        "arrival_time": float(arrival_time),
+        "first_scheduled_time": None,
+        "first_token_time": None,
+        "finish_time": None,
+        "prompt_tokens": len(spec.prompt_token_ids),
+        "output_tokens": 0,
+        "target_output_tokens": spec.max_tokens,
+        "cached_tokens": 0,
+        "num_preemptions": 0,
+        "finish_reason": None,
+        "trace_prompt_tokens": meta.get("prompt_len"),
         "trace_output_tokens": meta.get("output_len"),
-        "trace_line": None if meta.get("line") is None else str(meta.get("line")), "token_times": [],
+        "trace_line": None if meta.get("line") is None else str(meta.get("line")),
+        "token_times": [],
     }
 
 
@@ -61,8 +83,10 @@ def kv_fields(kv) -> dict:
     num_blocks = getattr(kv, "num_blocks", 0) or 0
     total = num_blocks * (getattr(kv, "block_size", 1) or 1) or 1
     row["kv_usage"] = (getattr(kv, "used_blocks", 0) or 0) / num_blocks if num_blocks else 0.0
-    parts = [getattr(kv, name, None) for name in
-             ("token_slots", "reserved_slots", "internal_slots", "external_slots", "free_slots")]
+    parts = [
+        getattr(kv, name, None)
+        for name in ("token_slots", "reserved_slots", "internal_slots", "external_slots", "free_slots")
+    ]
     if all(isinstance(p, int) for p in parts) and sum(parts) == total:
         row["frag_internal"] = parts[2] / total
         row["frag_reserved"] = parts[1] / total
@@ -76,11 +100,11 @@ def kv_fields(kv) -> dict:
 
 class Recorder:
     def __init__(self, keep_text: bool = False):
-        self.keep_text = keep_text       # keep each finished request's output text (small demo runs)
+        self.keep_text = keep_text  # keep each finished request's output text (small demo runs)
         self.texts: dict[str, str] = {}
         self.requests: dict[str, dict] = {}
         self.steps: list[dict] = []
-        self.listeners = []          # called with each step row (progress bar, W&B)
+        self.listeners = []  # called with each step row (progress bar, W&B)
         self._engine = None
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -97,12 +121,17 @@ class Recorder:
     # ---- events -------------------------------------------------------------------------------
     def on_step(self, stats) -> None:
         row = {
-            "step": stats.step, "start_time": stats.start_time, "duration_s": stats.duration_s,
-            "num_seqs": stats.num_seqs, "num_prefill_tokens": stats.num_prefill_tokens,
-            "num_decode_tokens": stats.num_decode_tokens, "num_preempted": stats.num_preempted,
-            "num_waiting": stats.num_waiting, "num_running": stats.num_running,
+            "step": stats.step,
+            "start_time": stats.start_time,
+            "duration_s": stats.duration_s,
+            "num_seqs": stats.num_seqs,
+            "num_prefill_tokens": stats.num_prefill_tokens,
+            "num_decode_tokens": stats.num_decode_tokens,
+            "num_preempted": stats.num_preempted,
+            "num_waiting": stats.num_waiting,
+            "num_running": stats.num_running,
         }
-        for name in ("num_spec_tokens", "num_accepted_tokens"):   # optional fields (spec decode)
+        for name in ("num_spec_tokens", "num_accepted_tokens"):  # optional fields (spec decode)
             if hasattr(stats, name):
                 row[name] = getattr(stats, name)
         row.update(kv_fields(stats.kv))
@@ -120,10 +149,16 @@ class Recorder:
             return
         m = out.metrics
         completion = out.outputs[0]
-        row.update(first_scheduled_time=m.first_scheduled_time, first_token_time=m.first_token_time,
-                   finish_time=m.finish_time, output_tokens=len(completion.token_ids),
-                   cached_tokens=int(m.num_cached_tokens), num_preemptions=int(m.num_preemptions),
-                   finish_reason=completion.finish_reason or "abort", token_times=list(m.token_times))
+        row.update(
+            first_scheduled_time=m.first_scheduled_time,
+            first_token_time=m.first_token_time,
+            finish_time=m.finish_time,
+            output_tokens=len(completion.token_ids),
+            cached_tokens=int(m.num_cached_tokens),
+            num_preemptions=int(m.num_preemptions),
+            finish_reason=completion.finish_reason or "abort",
+            token_times=list(m.token_times),
+        )
         if self.keep_text:
             self.texts[out.request_id] = completion.text
 
@@ -134,12 +169,16 @@ class Recorder:
         if row is None:
             return
         finished = request.status.finished
-        row.update(first_scheduled_time=request.first_scheduled_time, first_token_time=request.first_token_time,
-                   finish_time=request.finish_time if finished and request.finish_time is not None else now,
-                   output_tokens=len(request.output_token_ids), cached_tokens=max(request.num_cached_tokens, 0),
-                   num_preemptions=request.num_preemptions,
-                   finish_reason=request.status.value if finished else "abort",
-                   token_times=list(request.token_times))
+        row.update(
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finish_time=request.finish_time if finished and request.finish_time is not None else now,
+            output_tokens=len(request.output_token_ids),
+            cached_tokens=max(request.num_cached_tokens, 0),
+            num_preemptions=request.num_preemptions,
+            finish_reason=request.status.value if finished else "abort",
+            token_times=list(request.token_times),
+        )
 
     # ---- queries ------------------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@
 
 All times are the engine's clock (Engine.clock, time.monotonic by default).
 """
+
 from __future__ import annotations
 
 import time
@@ -28,32 +29,38 @@ class Replay:
     """One replay of `specs` through `engine`. Attributes stay readable after an exception
     (KeyboardInterrupt), so the caller can abort what is in flight and keep the measurements."""
 
-    def __init__(self, engine, recorder: Recorder, *, temperature: float = 0.0,
-                 max_duration_s: float | None = None, on_finish: Callable[[dict], None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep, source: str | None = None):
+    def __init__(
+        self,
+        engine,
+        recorder: Recorder,
+        *,
+        temperature: float = 0.0,
+        max_duration_s: float | None = None,
+        on_finish: Callable[[dict], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        source: str | None = None,
+    ):
         self.engine = engine
         self.recorder = recorder
         self.temperature = temperature
         self.max_duration_s = max_duration_s
         self.on_finish = on_finish
         self.sleep = sleep
-        self.source = source                 # trace file, for error messages
+        self.source = source  # trace file, for error messages
         self.start_time: float | None = None
         self.end_time: float | None = None
         self.last_finish_time: float | None = None
         self.num_sent = 0
-        self.requests = {}                   # request id -> the engine's Request (for interrupted runs)
+        self.requests = {}  # request id -> the engine's Request (for interrupted runs)
         self.num_finished = 0
         self.timed_out = False
 
     # ---- one request in, outputs out ----------------------------------------------------------
     def params(self, spec: RequestSpec) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, max_tokens=spec.max_tokens,
-                              ignore_eos=spec.ignore_eos)
+        return SamplingParams(temperature=self.temperature, max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
 
     def _cannot_run(self, spec: RequestSpec, error: ValueError) -> TraceError:
-        return TraceError(f"cannot run on this engine: {error}", self.source, (spec.meta or {}).get("line"),
-                          "length")
+        return TraceError(f"cannot run on this engine: {error}", self.source, (spec.meta or {}).get("line"), "length")
 
     def validate(self, specs: Sequence[RequestSpec]) -> None:
         """Reject, before anything runs, a request the engine can never run (e.g. too big for the cache)."""
@@ -68,9 +75,14 @@ class Replay:
 
     def submit(self, spec: RequestSpec, arrival_time: float) -> None:
         try:
-            request = self.engine.add_request(spec.request_id, spec.prompt_token_ids, self.params(spec),
-                                              arrival_time=arrival_time, priority=spec.priority)
-        except ValueError as e:   # the engine can never run it (too long for the cache, ...)
+            request = self.engine.add_request(
+                spec.request_id,
+                spec.prompt_token_ids,
+                self.params(spec),
+                arrival_time=arrival_time,
+                priority=spec.priority,
+            )
+        except ValueError as e:  # the engine can never run it (too long for the cache, ...)
             raise self._cannot_run(spec, e) from None
         self.requests[spec.request_id] = request
         self.recorder.on_add(spec, arrival_time)
@@ -102,12 +114,14 @@ class Replay:
         for rid in self.recorder.in_flight():
             try:
                 out = self.engine.abort(rid)
-            except Exception:  # noqa: BLE001 -- an interrupted step may leave odd state: keep what was measured
+            except Exception:
                 out = None
             if out is not None:
                 self.recorder.on_output(out)
                 n += 1
-            elif self.requests.get(rid) is not None:   # finished inside the interrupted step, before its output came back
+            elif (
+                self.requests.get(rid) is not None
+            ):  # finished inside the interrupted step, before its output came back
                 self.recorder.on_request(self.requests[rid], self.engine.clock())
         return n
 
@@ -115,8 +129,9 @@ class Replay:
     def run(self, specs: Sequence[RequestSpec], mode: str = "offline", concurrency: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"replay.mode: unknown replay mode {mode!r}; one of {list(MODES)}")
-        if mode == "closed_loop" and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
-                                      or concurrency < 1):
+        if mode == "closed_loop" and (
+            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
+        ):
             raise ValueError(f"replay.concurrency: closed-loop replay needs an integer >= 1, got {concurrency!r}")
         self.validate(specs)
         self.start_time = self.engine.clock()
@@ -124,7 +139,7 @@ class Replay:
         if self.timed_out:
             self.abort_in_flight()
             self.end_time = self.engine.clock()
-        else:   # the run ends when its last request finishes
+        else:  # the run ends when its last request finishes
             self.end_time = self.last_finish_time if self.last_finish_time is not None else self.engine.clock()
 
     def _offline(self, specs, _concurrency) -> None:

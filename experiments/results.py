@@ -11,6 +11,7 @@ The sweep table is <run_dir>/../sweep.csv by default: a Hydra multirun's sweep d
 folder for single runs. Appends hold an exclusive lock on the table (runs of a Slurm array may finish
 together); a row with new columns rewrites the table with the union of columns.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -26,7 +27,7 @@ SWEEP_TABLE = "sweep.csv"
 
 
 def _json_default(obj):
-    if hasattr(obj, "item"):          # numpy scalars
+    if hasattr(obj, "item"):  # numpy scalars
         return obj.item()
     if isinstance(obj, Path):
         return str(obj)
@@ -50,15 +51,22 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def write_run(run_dir: Path, *, config_yaml: str, requests: pd.DataFrame, steps: pd.DataFrame,
-              summary: dict, trace_report: dict | None = None) -> None:
+def write_run(
+    run_dir: Path,
+    *,
+    config_yaml: str,
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    summary: dict,
+    trace_report: dict | None = None,
+) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_yaml)
     requests.to_parquet(run_dir / "requests.parquet", index=False)
     steps.to_parquet(run_dir / "steps.parquet", index=False)
     if trace_report is not None:
         write_json(run_dir / "trace_report.json", trace_report)
-    write_json(run_dir / "summary.json", summary)   # last: its presence marks a complete write
+    write_json(run_dir / "summary.json", summary)  # last: its presence marks a complete write
 
 
 def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -81,7 +89,7 @@ def append_sweep_row(table: Path, row: dict) -> None:
     """Append one row under an exclusive lock on the table itself (no lock file is left behind)."""
     table.parent.mkdir(parents=True, exist_ok=True)
     new = pd.DataFrame([_clean(row)])
-    with open(table, "a+", newline="") as f:     # O_APPEND: every write goes to the end
+    with open(table, "a+", newline="") as f:  # O_APPEND: every write goes to the end
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
         text = f.read()
@@ -92,7 +100,7 @@ def append_sweep_row(table: Path, row: dict) -> None:
         if set(new.columns) <= set(header):
             new.reindex(columns=header).to_csv(f, header=False, index=False)
             return
-        merged = pd.concat([pd.read_csv(io.StringIO(text)), new], ignore_index=True)   # new columns
+        merged = pd.concat([pd.read_csv(io.StringIO(text)), new], ignore_index=True)  # new columns
         f.truncate(0)
         merged.to_csv(f, index=False)
 

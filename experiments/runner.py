@@ -10,6 +10,7 @@ Ctrl-C: in-flight requests are aborted, everything measured so far is written (s
 "interrupted": true) and KeyboardInterrupt is re-raised. An exception during the replay is handled the
 same way (summary.json "error": the message) and re-raised.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,10 +34,22 @@ from experiments.traces import RequestSpec, load_trace
 from experiments.wandb_logger import WandbLogger
 
 # Config values copied into every sweep-table row (dotted paths into the resolved config).
-SWEEP_COLUMNS = ("model.name", "kernel.name", "scheduler.name", "scheduler.max_num_batched_tokens",
-                 "scheduler.max_num_seqs", "cache.name", "cache.block_size", "cache.prefix_caching",
-                 "trace.name", "trace.max_requests", "trace.time_scale", "replay.name", "replay.concurrency",
-                 "seed")
+SWEEP_COLUMNS = (
+    "model.name",
+    "kernel.name",
+    "scheduler.name",
+    "scheduler.max_num_batched_tokens",
+    "scheduler.max_num_seqs",
+    "cache.name",
+    "cache.block_size",
+    "cache.prefix_caching",
+    "trace.name",
+    "trace.max_requests",
+    "trace.time_scale",
+    "replay.name",
+    "replay.concurrency",
+    "seed",
+)
 
 
 # ---- config helpers -------------------------------------------------------------------------------
@@ -84,11 +97,17 @@ def apply_length_policy(specs: list[RequestSpec], replay_cfg) -> tuple[list[Requ
             n_o += o != spec.max_tokens
             spec = dataclasses.replace(spec, prompt_token_ids=spec.prompt_token_ids[:p], max_tokens=o)
         out.append(spec)
-    report = {"length_scale": scale, "max_prompt_tokens": max_p, "max_output_tokens": max_o,
-              "clipped_prompts": n_p, "clipped_outputs": n_o,
-              "prompt_tokens_before": before[0], "output_tokens_before": before[1],
-              "prompt_tokens_after": sum(len(s.prompt_token_ids) for s in out),
-              "output_tokens_after": sum(s.max_tokens for s in out)}
+    report = {
+        "length_scale": scale,
+        "max_prompt_tokens": max_p,
+        "max_output_tokens": max_o,
+        "clipped_prompts": n_p,
+        "clipped_outputs": n_o,
+        "prompt_tokens_before": before[0],
+        "output_tokens_before": before[1],
+        "prompt_tokens_after": sum(len(s.prompt_token_ids) for s in out),
+        "output_tokens_after": sum(s.max_tokens for s in out),
+    }
     return out, report
 
 
@@ -96,8 +115,9 @@ def _hydra_info() -> dict:
     """Run name, job number and overrides when running under Hydra (empty otherwise)."""
     try:
         from hydra.core.hydra_config import HydraConfig
+
         hc = HydraConfig.get()
-    except Exception:  # noqa: BLE001 -- not running under Hydra
+    except Exception:
         return {}
     return {"overrides": list(hc.overrides.task), "job_num": OmegaConf.select(hc, "job.num", default=None)}
 
@@ -139,6 +159,7 @@ def _sigint_deferred():
 def build_engine(cfg):
     from experiments.engine_config import engine_config_from_cfg
     from testbed import Engine
+
     return Engine(engine_config_from_cfg(cfg))
 
 
@@ -155,20 +176,35 @@ def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json)."""
     trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:
-        raise ValueError("mode=replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic "
-                         "(and trace.path=FILE for file-based traces)")
-    check_slo(config_value(cfg, "slo"))                      # fail before loading a model
+        raise ValueError(
+            "mode=replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic "
+            "(and trace.path=FILE for file-based traces)"
+        )
+    check_slo(config_value(cfg, "slo"))  # fail before loading a model
     engine = engine or build_engine(cfg)
-    trace = load_trace(trace_cfg, vocab_size=trace_vocab_size(engine), max_model_len=engine.max_model_len,
-                       tokenizer=getattr(engine, "tokenizer", None))
+    trace = load_trace(
+        trace_cfg,
+        vocab_size=trace_vocab_size(engine),
+        max_model_len=engine.max_model_len,
+        tokenizer=getattr(engine, "tokenizer", None),
+    )
     specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
     report = {**trace.report, "replay_length_policy": length_report}
     return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=trace.report.get("path"))
 
 
-def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], *, trace_report: dict | None = None,
-                 source: str | None = None, temperature: float | None = None, quiet: bool = False,
-                 recorder: Recorder | None = None) -> dict:
+def replay_specs(
+    cfg,
+    run_dir: str | Path,
+    engine,
+    specs: list[RequestSpec],
+    *,
+    trace_report: dict | None = None,
+    source: str | None = None,
+    temperature: float | None = None,
+    quiet: bool = False,
+    recorder: Recorder | None = None,
+) -> dict:
     run_dir = Path(run_dir)
     replay_cfg = config_value(cfg, "replay", {}) or {}
     mode = replay_cfg.get("name", "offline")
@@ -183,26 +219,37 @@ def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], *, 
     recorder = (recorder or Recorder()).attach(engine)
     wandb = WandbLogger(config_value(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
     recorder.listeners.append(wandb.log_step)
-    bar = tqdm(total=len(specs), unit="req", desc=f"{experiment} [{mode}]", dynamic_ncols=True,
-               mininterval=0.5, disable=quiet or not config_value(cfg, "progress", True), file=sys.stderr)
+    bar = tqdm(
+        total=len(specs),
+        unit="req",
+        desc=f"{experiment} [{mode}]",
+        dynamic_ncols=True,
+        mininterval=0.5,
+        disable=quiet or not config_value(cfg, "progress", True),
+        file=sys.stderr,
+    )
 
     def on_step(row):
         if row["step"] % 8 == 0:
-            bar.set_postfix(run=row["num_running"], wait=row["num_waiting"], kv=f"{row['kv_usage']:.0%}",
-                            refresh=False)
+            bar.set_postfix(run=row["num_running"], wait=row["num_waiting"], kv=f"{row['kv_usage']:.0%}", refresh=False)
+
     recorder.listeners.append(on_step)
-    replay = Replay(engine, recorder,
-                    temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
-                    max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
-                    on_finish=lambda _row: bar.update(1), source=source)
+    replay = Replay(
+        engine,
+        recorder,
+        temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
+        max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
+        on_finish=lambda _row: bar.update(1),
+        source=source,
+    )
     interrupted, error = False, None
     try:
         replay.run(specs, mode, replay_cfg.get("concurrency"))
     except (KeyboardInterrupt, Exception) as e:
         if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
-            raise                             # rejected before anything ran: nothing to keep
+            raise  # rejected before anything ran: nothing to keep
         interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
-        with _sigint_deferred():              # keep what was measured: abort the rest, write it all
+        with _sigint_deferred():  # keep what was measured: abort the rest, write it all
             replay.abort_in_flight()
             replay.end_time = engine.clock()
     finally:
@@ -214,20 +261,37 @@ def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], *, 
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()
         summary = summarize(requests, steps, start, end, slo, percentiles)
-        summary.update({
-            "experiment": experiment, "replay": mode, "trace": (trace_report or {}).get("format"),
-            "num_requests": len(specs), "num_sent": replay.num_sent,
-            "interrupted": interrupted, "timed_out": replay.timed_out,
-            "error": None if error is None else f"{type(error).__name__}: {error}",
-            "start_time": start, "end_time": end,
-            "slo": slo, "percentiles": percentiles,
-        })
+        summary.update(
+            {
+                "experiment": experiment,
+                "replay": mode,
+                "trace": (trace_report or {}).get("format"),
+                "num_requests": len(specs),
+                "num_sent": replay.num_sent,
+                "interrupted": interrupted,
+                "timed_out": replay.timed_out,
+                "error": None if error is None else f"{type(error).__name__}: {error}",
+                "start_time": start,
+                "end_time": end,
+                "slo": slo,
+                "percentiles": percentiles,
+            }
+        )
         summary.update(spec_summary(engine))
-        write_run(run_dir, config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)), requests=requests,
-                  steps=steps, summary=summary, trace_report=trace_report)
+        write_run(
+            run_dir,
+            config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)),
+            requests=requests,
+            steps=steps,
+            summary=summary,
+            trace_report=trace_report,
+        )
         table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
-        info = {"run_dir": _relative(run_dir, Path(table).parent), "job_num": hydra.get("job_num"),
-                "overrides": " ".join(hydra.get("overrides", []))}
+        info = {
+            "run_dir": _relative(run_dir, Path(table).parent),
+            "job_num": hydra.get("job_num"),
+            "overrides": " ".join(hydra.get("overrides", [])),
+        }
         info.update({col: config_value(cfg, col) for col in SWEEP_COLUMNS})
         info.update(_override_columns(cfg, hydra.get("overrides", [])))
         append_sweep_row(Path(table), sweep_row(summary, info))
@@ -257,16 +321,26 @@ def _relative(path: Path, base: Path) -> str:
 # ---- console --------------------------------------------------------------------------------------
 def print_summary(summary: dict, engine, run_dir: Path, console: Console | None = None) -> None:
     cfg = engine.config
-    title = (f"{engine.model_name} | kernel={cfg.kernel} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
-             f" | device={engine.device} | replay={summary.get('replay')}")
+    title = (
+        f"{engine.model_name} | kernel={cfg.kernel} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
+        f" | device={engine.device} | replay={summary.get('replay')}"
+    )
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
 
     def ms(key):
         return f"{summary[key]:.0f} ms"
-    state = (" (interrupted)" if summary.get("interrupted") else " (failed)" if summary.get("error")
-             else " (timed out)" if summary.get("timed_out") else "")
+
+    state = (
+        " (interrupted)"
+        if summary.get("interrupted")
+        else " (failed)"
+        if summary.get("error")
+        else " (timed out)"
+        if summary.get("timed_out")
+        else ""
+    )
     rows = [
         ("requests completed", f"{summary['completed']} / {summary['num_requests']}{state}"),
         ("input / output tokens", f"{summary['total_input_tokens']} / {summary['total_output_tokens']}"),
@@ -280,19 +354,26 @@ def print_summary(summary: dict, engine, run_dir: Path, console: Console | None 
         ("E2E latency mean / p99", f"{ms('mean_e2el_ms')} / {ms('p99_e2el_ms')}"),
     ]
     if summary.get("request_goodput") is not None:
-        rows.append(("goodput (SLO attainment)",
-                     f"{summary['request_goodput']:.2f} req/s ({summary['slo_attainment']:.0%})"))
+        rows.append(
+            ("goodput (SLO attainment)", f"{summary['request_goodput']:.2f} req/s ({summary['slo_attainment']:.0%})")
+        )
     rows += [
         ("KV utilisation mean / max", f"{summary['kv_utilization_mean']:.1%} / {summary['kv_utilization_max']:.1%}"),
-        ("fragmentation int / res / ext",
-         f"{summary['frag_internal']:.1%} / {summary['frag_reserved']:.1%} / {summary['frag_external']:.1%}"),
+        (
+            "fragmentation int / res / ext",
+            f"{summary['frag_internal']:.1%} / {summary['frag_reserved']:.1%} / {summary['frag_external']:.1%}",
+        ),
         ("prefix-hit rate", f"{summary['prefix_hit_rate']:.1%}"),
         ("preemptions", f"{summary['num_preemptions']}"),
         ("steps (mean batch)", f"{summary['num_steps']} ({summary['mean_batch_size']:.1f})"),
     ]
     if summary.get("spec_method"):
-        rows.append((f"spec={summary['spec_method']}: acceptance / mean accepted length",
-                     f"{summary['spec_acceptance_rate']:.1%} / {summary['spec_mean_accepted_length']:.2f}"))
+        rows.append(
+            (
+                f"spec={summary['spec_method']}: acceptance / mean accepted length",
+                f"{summary['spec_acceptance_rate']:.1%} / {summary['spec_mean_accepted_length']:.2f}",
+            )
+        )
     for row in rows:
         table.add_row(*row)
     console = console or Console()

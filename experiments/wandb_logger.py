@@ -5,6 +5,7 @@ it off whatever the config says, WANDB_MODE=offline writes the run under <run_di
 `wandb sync`. `wandb.mode` in the config (online | offline | disabled) wins over the environment only
 when set. wandb is imported only when logging is on.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,11 +34,19 @@ class WandbLogger:
         if self.mode == "disabled":
             return
         import wandb
+
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=cfg.get("project") or "testbed", entity=cfg.get("entity"),
-                              group=cfg.get("group") or group, name=cfg.get("name") or name,
-                              tags=list(cfg.get("tags") or []), config=config, dir=str(run_dir),
-                              mode=self.mode, reinit="finish_previous")
+        self.run = wandb.init(
+            project=cfg.get("project") or "testbed",
+            entity=cfg.get("entity"),
+            group=cfg.get("group") or group,
+            name=cfg.get("name") or name,
+            tags=list(cfg.get("tags") or []),
+            config=config,
+            dir=str(run_dir),
+            mode=self.mode,
+            reinit="finish_previous",
+        )
 
     @property
     def enabled(self) -> bool:
@@ -46,15 +55,18 @@ class WandbLogger:
     def log_step(self, row: dict) -> None:
         if self.run is None or row["step"] % self.log_every:
             return
-        self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"},
-                     step=int(row["step"]))
+        self.run.log(
+            {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}, step=int(row["step"])
+        )
 
     def finish(self, summary: dict, requests: pd.DataFrame, exit_code: int = 0) -> None:
         if self.run is None:
             return
         import wandb
-        self.run.summary.update({k: v for k, v in summary.items()
-                                 if v is None or isinstance(v, (bool, int, float, str))})
+
+        self.run.summary.update(
+            {k: v for k, v in summary.items() if v is None or isinstance(v, (bool, int, float, str))}
+        )
         table = requests.drop(columns=["token_times"], errors="ignore")
         self.run.log({"requests": wandb.Table(dataframe=table.astype(object).where(table.notna(), None))})
         self.run.finish(exit_code=exit_code)

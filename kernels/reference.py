@@ -2,11 +2,13 @@
 
 The engine's `kernel=torch` backend runs these; the Triton kernels are tested against them.
 """
+
 import torch
 
 
-def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+def write_kv_ref(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Scatter new keys/values [num_tokens, num_kv_heads, head_dim] into their cache slots.
 
     A slot of -1 means "do not write" (padding tokens).
@@ -26,9 +28,15 @@ def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, length: int) -
     return blocks.reshape(-1, *cache.shape[2:])[:length]
 
 
-def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                        block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Causal attention of variable-length query chunks over their paged KV (prefix + chunk).
 
     q: [num_tokens, num_heads, head_dim], tokens of sequence i are
@@ -37,7 +45,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     block_tables: [num_seqs, max_blocks] int. Returns [num_tokens, num_heads, head_dim] in q's dtype.
     Decode is the special case of one query token per sequence.
     """
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_heads = q.shape[1]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
@@ -62,8 +70,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None):
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """RMSNorm in fp32; with a residual, returns (normed(x + residual), x + residual)."""
     if residual is not None:
         x = x + residual

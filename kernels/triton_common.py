@@ -1,4 +1,5 @@
 """Small helpers shared by the Triton kernels (no kernels of their own)."""
+
 import torch
 import triton
 import triton.language as tl

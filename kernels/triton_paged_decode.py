@@ -10,6 +10,7 @@ Each sequence's chunk length is computed in the kernel from its own length, so n
 the lengths is baked into a launch: with a fixed split count the launch is CUDA-graph safe (the
 partials are allocated per call, which inside a capture comes from the graph's private pool).
 """
+
 import functools
 
 import torch
@@ -24,13 +25,37 @@ MAX_SPLITS = 32
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, m_ptr, l_ptr, seq_lens_ptr, bt_ptr,
-                   qk_scale,
-                   stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-                   stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr):
+def _decode_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    part_ptr,
+    m_ptr,
+    l_ptr,
+    seq_lens_ptr,
+    bt_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -49,8 +74,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, m_ptr, l_ptr, seq_len
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
     heads = kvh * GROUP + g
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -62,23 +90,32 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, m_ptr, l_ptr, seq_len
         page = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         off = pos % BLOCK_SIZE
         kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + page[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh + d[None, :],
-                    mask=kv_mask, other=0.0)
+        k = tl.load(
+            k_ptr + page[:, None] * stride_kb + off[:, None] * stride_kt + kvh * stride_kh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
         s = mma(q, tl.trans(k), UPCAST) * qk_scale  # log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + page[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh + d[None, :],
-                    mask=kv_mask, other=0.0)
+        v = tl.load(
+            v_ptr + page[:, None] * stride_vb + off[:, None] * stride_vt + kvh * stride_vh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
         acc = acc * alpha[:, None] + mma(p, v, UPCAST)
         m_i = m_new
 
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty sequence -> zeros, not NaN
-        tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
     else:
         # partials laid out [num_seqs, num_heads, NUM_SPLITS, (HEAD_DIM)]
         row = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
@@ -88,9 +125,18 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, m_ptr, l_ptr, seq_len
 
 
 @triton.jit
-def _reduce_kernel(out_ptr, part_ptr, m_ptr, l_ptr, stride_ot, stride_oh,
-                   HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _reduce_kernel(
+    out_ptr,
+    part_ptr,
+    m_ptr,
+    l_ptr,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
@@ -99,12 +145,12 @@ def _reduce_kernel(out_ptr, part_ptr, m_ptr, l_ptr, stride_ot, stride_oh,
     d_mask = d < HEAD_DIM
     row = (seq * tl.num_programs(1) + head) * NUM_SPLITS + sp
     m = tl.load(m_ptr + row, mask=s_mask, other=float("-inf"))
-    l = tl.load(l_ptr + row, mask=s_mask, other=0.0)
+    lse_sum = tl.load(l_ptr + row, mask=s_mask, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)  # empty splits weigh 0
     part = tl.load(part_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     num = tl.sum(part * w[:, None], 0)
-    den = tl.sum(l * w, 0)
+    den = tl.sum(lse_sum * w, 0)
     out = num / tl.where(den > 0, den, 1.0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -125,10 +171,18 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(MAX_SPLITS, max_seq_len // MIN_SPLIT_TOKENS, triton.cdiv(target, programs)))
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float, max_seq_len: int | None = None,
-                 num_splits: int | None = None, out: torch.Tensor | None = None,
-                 block_n: int | None = None) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
     """q: [num_seqs, num_heads, head_dim] -> [num_seqs, num_heads, head_dim] in q's dtype.
 
     num_splits: None = automatic by context length, 1 = no split-KV, >1 forces that many splits.
@@ -154,20 +208,53 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if num_splits > 1:
         part = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         m = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
-        l = torch.empty_like(m)
+        lsum = torch.empty_like(m)
     else:
-        part = m = l = out  # unused placeholders
+        part = m = lsum = out  # unused placeholders
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part, m, l, seq_lens, block_tables,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part,
+        m,
+        lsum,
+        seq_lens,
+        block_tables,
         scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, UPCAST=dot_upcast(q.dtype), num_warps=4)
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        UPCAST=dot_upcast(q.dtype),
+        num_warps=4,
+    )
     if num_splits > 1:
         _reduce_kernel[(num_seqs, num_heads)](
-            out, part, m, l, out.stride(0), out.stride(1), HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4)
+            out,
+            part,
+            m,
+            lsum,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
     return out

@@ -1,4 +1,5 @@
 """Fused RMSNorm with optional residual add; same results and return convention as `reference.rms_norm_ref`."""
+
 import torch
 import triton
 import triton.language as tl
@@ -7,9 +8,21 @@ from kernels.triton_common import check_device
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
-                     stride_x, stride_r, stride_o, stride_ro,
-                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -51,7 +64,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     block = triton.next_power_of_2(hidden)
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight.contiguous(), out2, ro2, eps, x2.stride(0), r2.stride(0), out2.stride(0), ro2.stride(0),
-            N=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            num_warps=min(max(block // 256, 1), 16))
+            x2,
+            r2,
+            weight.contiguous(),
+            out2,
+            ro2,
+            eps,
+            x2.stride(0),
+            r2.stride(0),
+            out2.stride(0),
+            ro2.stride(0),
+            N=hidden,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            num_warps=min(max(block // 256, 1), 16),
+        )
     return out if residual is None else (out, res_out)

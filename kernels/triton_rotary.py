@@ -3,6 +3,7 @@
 cos_sin_cache: [max_pos, rot_dim] with cos in the first half and sin in the second; rot_dim = head_dim.
 One program per token rotates all of its query and key heads (one launch for both).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -11,8 +12,19 @@ from kernels.triton_common import check_device
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, tok, stride_t, stride_h, cos, sin,
-                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    src_ptr,
+    dst_ptr,
+    tok,
+    stride_t,
+    stride_h,
+    cos,
+    sin,
+    NUM_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     h = tl.arange(0, BLOCK_H)
     c = tl.arange(0, BLOCK_HALF)
     mask = (h[:, None] < NUM_HEADS) & (c[None, :] < HALF)
@@ -25,10 +37,25 @@ def _rotate_heads(src_ptr, dst_ptr, tok, stride_t, stride_h, cos, sin,
 
 
 @triton.jit
-def _rotary_kernel(pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, stride_cache,
-                   stride_qt, stride_qh, stride_kt, stride_kh,
-                   NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    cache_ptr,
+    stride_cache,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     c = tl.arange(0, BLOCK_HALF)
@@ -38,8 +65,9 @@ def _rotary_kernel(pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, strid
     _rotate_heads(k_ptr, k_out_ptr, tok, stride_kt, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_KH, BLOCK_HALF)
 
 
-def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-           inplace: bool = False):
+def rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, inplace: bool = False
+):
     """q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]. Returns (q, k) rotated.
 
     inplace=True overwrites q and k (their token/head strides may be arbitrary, e.g. views of a fused qkv).
@@ -57,9 +85,23 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_ca
     half = head_dim // 2
     if num_tokens > 0:
         _rotary_kernel[(num_tokens,)](
-            positions, q, k, q_out, k_out, cos_sin_cache, cos_sin_cache.stride(0),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=half,
-            BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(num_k_heads),
-            BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+            positions,
+            q,
+            k,
+            q_out,
+            k_out,
+            cos_sin_cache,
+            cos_sin_cache.stride(0),
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            NUM_K_HEADS=num_k_heads,
+            HALF=half,
+            BLOCK_QH=triton.next_power_of_2(num_q_heads),
+            BLOCK_KH=triton.next_power_of_2(num_k_heads),
+            BLOCK_HALF=triton.next_power_of_2(half),
+            num_warps=4,
+        )
     return q_out, k_out

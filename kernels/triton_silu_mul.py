@@ -1,4 +1,5 @@
 """SiLU(gate) * up for x = [..., 2*d] (gate | up); matches `reference.silu_and_mul_ref` (fp32 math)."""
+
 import torch
 import triton
 import triton.language as tl
@@ -29,5 +30,6 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     block = min(triton.next_power_of_2(d), 1024)
     if x2.shape[0] > 0:
         _silu_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
-            x2, out2, x2.stride(0), out2.stride(0), D=d, BLOCK=block, num_warps=4)
+            x2, out2, x2.stride(0), out2.stride(0), D=d, BLOCK=block, num_warps=4
+        )
     return out

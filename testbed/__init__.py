@@ -1,4 +1,5 @@
 """testbed: a research LLM-serving engine (paged KV cache, continuous batching, swappable policies)."""
+
 from testbed.config import EngineConfig
 from testbed.engine import Engine
 from testbed.llm import LLM

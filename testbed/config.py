@@ -1,34 +1,35 @@
 """Everything needed to assemble an engine, as one flat, validated dataclass (Hydra maps onto it)."""
+
 from dataclasses import dataclass, field, fields
 
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m"          # built-in name, conf/model shape name, or HF folder path
-    kernel: str = "torch"                # attention/layer kernels: torch | triton | cpu
-    scheduler: str = "fcfs"              # policy name (testbed.core.policies)
+    model: str = "smollm2-135m"  # built-in name, conf/model shape name, or HF folder path
+    kernel: str = "torch"  # attention/layer kernels: torch | triton | cpu
+    scheduler: str = "fcfs"  # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)
-    cache: str = "paged"                 # KV allocator (testbed.core.allocators): paged | static_max | static_pow2 | static_oracle
-    eviction: str = "lru"                # prefix-cache eviction (testbed.core.eviction): lru | lfu
-    preemption_mode: str = "recompute"   # recompute | swap (KV blocks to a host pool and back)
-    swap_space_gb: float = 1.0           # host pool for swap preemption
-    num_cpu_blocks: int | None = None    # overrides swap_space_gb when set
+    cache: str = "paged"  # KV allocator (testbed.core.allocators): paged | static_max | static_pow2 | static_oracle
+    eviction: str = "lru"  # prefix-cache eviction (testbed.core.eviction): lru | lfu
+    preemption_mode: str = "recompute"  # recompute | swap (KV blocks to a host pool and back)
+    swap_space_gb: float = 1.0  # host pool for swap preemption
+    num_cpu_blocks: int | None = None  # overrides swap_space_gb when set
     block_size: int = 16
-    num_blocks: int | None = None        # None: sized from kv_cache_memory_gb (CPU) or free GPU memory
+    num_blocks: int | None = None  # None: sized from kv_cache_memory_gb (CPU) or free GPU memory
     kv_cache_memory_gb: float = 1.0
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
-    max_model_len: int | None = None     # None: the model's max_position_embeddings
-    dtype: str | None = None             # None: float32 on CPU, bfloat16 on GPU
-    device: str | None = None            # None: cuda if available
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on GPU
+    device: str | None = None  # None: cuda if available
     seed: int = 0
-    speculative_config: dict | None = None   # vLLM's spelling: {"method": "ngram"|"draft"|"layerskip", ...}
-    enforce_eager: bool = False          # True: no CUDA graphs (decode graphs need CUDA and kernel=triton)
+    speculative_config: dict | None = None  # vLLM's spelling: {"method": "ngram"|"draft"|"layerskip", ...}
+    enforce_eager: bool = False  # True: no CUDA graphs (decode graphs need CUDA and kernel=triton)
     cuda_graph_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,16,...,max_num_seqs
-    executor: str = "model"              # model | null (no model: host-side cost measurement)
+    executor: str = "model"  # model | null (no model: host-side cost measurement)
 
     def __post_init__(self):
         if not 1 <= self.block_size <= 1024:
@@ -48,7 +49,8 @@ class EngineConfig:
         if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
             raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}")
         from testbed.spec.config import SpeculativeConfig
-        SpeculativeConfig.from_any(self.speculative_config)   # validate early
+
+        SpeculativeConfig.from_any(self.speculative_config)  # validate early
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

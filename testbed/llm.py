@@ -1,4 +1,5 @@
 """Offline batch inference in vLLM's shape: LLM(...).generate(prompts, sampling_params)."""
+
 from collections.abc import Sequence
 
 from tqdm.auto import tqdm
@@ -10,14 +11,35 @@ from testbed.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", kernel: str = "torch", block_size: int = 16,
-                 num_blocks: int | None = None, enable_prefix_caching: bool = True,
-                 max_num_batched_tokens: int = 512, max_num_seqs: int = 64, dtype: str | None = None,
-                 seed: int = 0, speculative_config: dict | None = None, **kwargs):
-        self.engine = Engine(EngineConfig.from_kwargs(
-            model=model, kernel=kernel, block_size=block_size, num_blocks=num_blocks,
-            enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, dtype=dtype, seed=seed, speculative_config=speculative_config, **kwargs))
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        kernel: str = "torch",
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        enable_prefix_caching: bool = True,
+        max_num_batched_tokens: int = 512,
+        max_num_seqs: int = 64,
+        dtype: str | None = None,
+        seed: int = 0,
+        speculative_config: dict | None = None,
+        **kwargs,
+    ):
+        self.engine = Engine(
+            EngineConfig.from_kwargs(
+                model=model,
+                kernel=kernel,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                enable_prefix_caching=enable_prefix_caching,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                dtype=dtype,
+                seed=seed,
+                speculative_config=speculative_config,
+                **kwargs,
+            )
+        )
         self._next_id = 0
 
     def get_tokenizer(self):
@@ -32,11 +54,13 @@ class LLM:
             return self.engine.tokenizer.encode(prompt)
         if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
-        raise TypeError(f"a prompt is a string, a list of token ids or {{'prompt_token_ids': ...}}, "
-                        f"got {type(prompt).__name__}")
+        raise TypeError(
+            f"a prompt is a string, a list of token ids or {{'prompt_token_ids': ...}}, got {type(prompt).__name__}"
+        )
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False
+    ) -> list[RequestOutput]:
         """One output per prompt, in order. Every prompt is validated before any is run."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -75,7 +99,6 @@ class LLM:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"model {self.engine.model_name!r} has no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
-                   for c in conversations]
+        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
         token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(token_ids, sampling_params, use_tqdm)

@@ -5,25 +5,50 @@ O(1): it records counts, not copies, of the request's token lists (which only ev
 completion and metrics objects are made when first read; token ids and logprobs are copied out of the
 request's lists when first read. Reading an output gives the state at the step that returned it.
 """
+
 from dataclasses import dataclass, field
 
 
 class CompletionOutput:
-    __slots__ = ("index", "text", "finish_reason", "stop_reason", "_token_ids", "_num_tokens", "_logprobs",
-                 "_num_logprobs")
+    __slots__ = (
+        "index",
+        "text",
+        "finish_reason",
+        "stop_reason",
+        "_token_ids",
+        "_num_tokens",
+        "_logprobs",
+        "_num_logprobs",
+    )
 
-    def __init__(self, index: int, text: str, token_ids: list[int], logprobs: list[float] | None = None,
-                 finish_reason: str | None = None, stop_reason: int | str | None = None):
+    def __init__(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[float] | None = None,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+    ):
         self.index = index
         self.text = text
-        self.finish_reason = finish_reason      # "stop" | "length" | "abort" | None while running
+        self.finish_reason = finish_reason  # "stop" | "length" | "abort" | None while running
         self.stop_reason = stop_reason
-        self._token_ids, self._num_tokens = token_ids, None        # None: the list is the value itself
+        self._token_ids, self._num_tokens = token_ids, None  # None: the list is the value itself
         self._logprobs, self._num_logprobs = logprobs, None
 
     @classmethod
-    def prefix_of(cls, index: int, text: str, token_ids: list[int], num_tokens: int, logprobs: list[float] | None,
-                  num_logprobs: int | None, finish_reason: str | None, stop_reason: int | str | None):
+    def prefix_of(
+        cls,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        num_tokens: int,
+        logprobs: list[float] | None,
+        num_logprobs: int | None,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+    ):
         """A completion of the first num_tokens token ids (num_logprobs logprobs) of lists that only grow,
         copied out when first read."""
         out = cls(index, text, token_ids, logprobs, finish_reason, stop_reason)
@@ -32,8 +57,8 @@ class CompletionOutput:
 
     @property
     def token_ids(self) -> list[int]:
-        if self._num_tokens is not None:        # first read: copy the prefix out
-            self._token_ids, self._num_tokens = self._token_ids[:self._num_tokens], None
+        if self._num_tokens is not None:  # first read: copy the prefix out
+            self._token_ids, self._num_tokens = self._token_ids[: self._num_tokens], None
         return self._token_ids
 
     @token_ids.setter
@@ -43,7 +68,7 @@ class CompletionOutput:
     @property
     def logprobs(self) -> list[float] | None:
         if self._num_logprobs is not None:
-            self._logprobs, self._num_logprobs = self._logprobs[:self._num_logprobs], None
+            self._logprobs, self._num_logprobs = self._logprobs[: self._num_logprobs], None
         return self._logprobs
 
     @logprobs.setter
@@ -56,12 +81,14 @@ class CompletionOutput:
     def __eq__(self, other) -> bool:
         return isinstance(other, CompletionOutput) and self._fields() == other._fields()
 
-    __hash__ = None                               # mutable, like the dataclass it replaces
+    __hash__ = None  # mutable, like the dataclass it replaces
 
     def __repr__(self) -> str:
-        return (f"CompletionOutput(index={self.index}, text={self.text!r}, token_ids={self.token_ids}, "
-                f"logprobs={self.logprobs}, finish_reason={self.finish_reason!r}, "
-                f"stop_reason={self.stop_reason!r})")
+        return (
+            f"CompletionOutput(index={self.index}, text={self.text!r}, token_ids={self.token_ids}, "
+            f"logprobs={self.logprobs}, finish_reason={self.finish_reason!r}, "
+            f"stop_reason={self.stop_reason!r})"
+        )
 
 
 @dataclass(slots=True)
@@ -81,16 +108,32 @@ class RequestOutput:
     The engine makes these with `RequestOutput.of_request`, which records only what may still change in
     the request (how many tokens it has, its finish state, its preemption count) and builds `outputs`
     and `metrics` from it when first read: most outputs of a busy step are never looked at."""
-    __slots__ = ("request_id", "prompt_token_ids", "finished", "new_token_ids", "prompt", "_outputs", "_metrics",
-                 "_source")
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], outputs: list[CompletionOutput],
-                 finished: bool, new_token_ids: list[int] | None = None, metrics: RequestMetrics | None = None,
-                 prompt: str | None = None):
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "finished",
+        "new_token_ids",
+        "prompt",
+        "_outputs",
+        "_metrics",
+        "_source",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        outputs: list[CompletionOutput],
+        finished: bool,
+        new_token_ids: list[int] | None = None,
+        metrics: RequestMetrics | None = None,
+        prompt: str | None = None,
+    ):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.finished = finished
-        self.new_token_ids = [] if new_token_ids is None else new_token_ids   # produced by the step returning this
+        self.new_token_ids = [] if new_token_ids is None else new_token_ids  # produced by the step returning this
         self.prompt = prompt
         self._outputs, self._metrics, self._source = outputs, metrics, None
 
@@ -104,18 +147,32 @@ class RequestOutput:
         out.finished, out.new_token_ids, out.prompt = status.finished, new_token_ids, None
         out._outputs = out._metrics = None
         logprobs = request.output_logprobs if request.sampling_params.logprobs is not None else None
-        out._source = (request, len(request.output_token_ids), None if logprobs is None else len(logprobs),
-                       status.value if status.finished else None, text, request.num_preemptions)
+        out._source = (
+            request,
+            len(request.output_token_ids),
+            None if logprobs is None else len(logprobs),
+            status.value if status.finished else None,
+            text,
+            request.num_preemptions,
+        )
         return out
 
     @property
     def outputs(self) -> list[CompletionOutput]:
         if self._outputs is None and self._source is not None:
             request, num_tokens, num_logprobs, finish, text, _ = self._source
-            self._outputs = [CompletionOutput.prefix_of(
-                0, text, request.output_token_ids, num_tokens,
-                request.output_logprobs if num_logprobs is not None else None, num_logprobs,
-                finish, request.stop_reason if finish is not None else None)]
+            self._outputs = [
+                CompletionOutput.prefix_of(
+                    0,
+                    text,
+                    request.output_token_ids,
+                    num_tokens,
+                    request.output_logprobs if num_logprobs is not None else None,
+                    num_logprobs,
+                    finish,
+                    request.stop_reason if finish is not None else None,
+                )
+            ]
         return self._outputs
 
     @outputs.setter
@@ -126,10 +183,15 @@ class RequestOutput:
     def metrics(self) -> RequestMetrics | None:
         if self._metrics is None and self._source is not None:
             request, _, _, finish, _, num_preemptions = self._source
-            self._metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time,
-                                           request.first_token_time,
-                                           request.finish_time if finish is not None else None,
-                                           request.token_times, max(request.num_cached_tokens, 0), num_preemptions)
+            self._metrics = RequestMetrics(
+                request.arrival_time,
+                request.first_scheduled_time,
+                request.first_token_time,
+                request.finish_time if finish is not None else None,
+                request.token_times,
+                max(request.num_cached_tokens, 0),
+                num_preemptions,
+            )
         return self._metrics
 
     @metrics.setter
@@ -137,6 +199,8 @@ class RequestOutput:
         self._metrics = value
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(request_id={self.request_id!r}, prompt_token_ids={self.prompt_token_ids}, "
-                f"outputs={self.outputs}, finished={self.finished}, new_token_ids={self.new_token_ids}, "
-                f"metrics={self.metrics}, prompt={self.prompt!r})")
+        return (
+            f"RequestOutput(request_id={self.request_id!r}, prompt_token_ids={self.prompt_token_ids}, "
+            f"outputs={self.outputs}, finished={self.finished}, new_token_ids={self.new_token_ids}, "
+            f"metrics={self.metrics}, prompt={self.prompt!r})"
+        )

@@ -1,4 +1,5 @@
 """A request's state as the scheduler and model runner see it."""
+
 import enum
 import time
 
@@ -9,8 +10,8 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
-    FINISHED_STOPPED = "stop"        # EOS or a stop token / string
-    FINISHED_LENGTH = "length"       # max_tokens or the model's context
+    FINISHED_STOPPED = "stop"  # EOS or a stop token / string
+    FINISHED_LENGTH = "length"  # max_tokens or the model's context
     FINISHED_ABORTED = "abort"
 
     def __init__(self, value: str):
@@ -25,31 +26,39 @@ class Request:
     decode, prefix hits (start past the cached length) and recompute preemption (reset to 0).
     """
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 arrival_time: float | None = None, priority: int = 0, eos_token_ids=()):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        eos_token_ids=(),
+    ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
-        self.seq_no = 0                        # admission order, set by the scheduler (tie-breaker)
+        self.seq_no = 0  # admission order, set by the scheduler (tie-breaker)
         self.eos_token_ids = frozenset(eos_token_ids)
         # token ids that may end the request (EOS unless ignored, stop tokens): one set lookup per token
         # sampled; which of them it was is sorted out only when one comes (Scheduler._check_stop)
         self.stop_check_ids = frozenset(sampling_params.stop_token_ids).union(
-            () if sampling_params.ignore_eos else self.eos_token_ids)
+            () if sampling_params.ignore_eos else self.eos_token_ids
+        )
         # length at which it ends: prompt + max_tokens, capped by the scheduler at max_model_len
         max_tokens = sampling_params.max_tokens
         self.max_num_tokens = len(self.prompt_token_ids) + max_tokens if max_tokens is not None else 2**62
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
-        self.spec_token_ids: list[int] = []   # proposed, not yet verified (speculative decoding)
+        self.spec_token_ids: list[int] = []  # proposed, not yet verified (speculative decoding)
         self.output_logprobs: list[float] = []
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
-        self.num_cached_tokens = -1            # prefix-cache hit at first scheduling; -1 = not yet scheduled
+        self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 = not yet scheduled
         self.num_preemptions = 0
-        self.block_hashes: list[int] = []      # chained hashes of full blocks, grown lazily
+        self.block_hashes: list[int] = []  # chained hashes of full blocks, grown lazily
         # timestamps on the engine clock (time.monotonic unless the engine is given another clock)
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -87,5 +96,7 @@ class Request:
         self.token_times.append(now)
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
-                f"computed={self.num_computed_tokens}, {self.status.value})")
+        return (
+            f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens}, {self.status.value})"
+        )

@@ -1,19 +1,20 @@
 """Per-request sampling settings, validated on construction (vLLM's names and meanings)."""
+
 from dataclasses import dataclass, field
 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0      # 0 = greedy
-    top_p: float = 1.0            # nucleus mass in (0, 1]
-    top_k: int = 0                # 0 or -1 = off
-    min_p: float = 0.0            # drop tokens below min_p * p(max)
-    max_tokens: int | None = 16   # None = up to the model's context
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0  # drop tokens below min_p * p(max)
+    max_tokens: int | None = 16  # None = up to the model's context
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)  # stop strings, matched on detokenized text
     ignore_eos: bool = False
-    seed: int | None = None       # per-request generator: same seed, same tokens
-    logprobs: int | None = None   # return the chosen token's logprob when not None
+    seed: int | None = None  # per-request generator: same seed, same tokens
+    logprobs: int | None = None  # return the chosen token's logprob when not None
 
     def __post_init__(self):
         if isinstance(self.stop, str):

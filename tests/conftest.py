@@ -15,12 +15,14 @@ SHARED_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "t
 @pytest.fixture(scope="session")
 def smollm2_folder():
     from testbed.models.smollm2 import ensure_smollm2_folder
+
     return ensure_smollm2_folder()
 
 
 @pytest.fixture(scope="session")
 def tokenizer(smollm2_folder):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(smollm2_folder)
 
 

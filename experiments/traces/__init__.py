@@ -15,7 +15,7 @@ from typing import Any
 
 from . import azure, burstgpt, mooncake, sharegpt, synthetic
 from .common import COMMON_DEFAULTS, PROJECT_ROOT, plain, resolve_path
-from .spec import RequestSpec, Trace, TraceError
+from .types import RequestSpec, Trace, TraceError
 
 LOADERS = {
     "azure": azure.load,
@@ -37,19 +37,13 @@ def load_trace(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) ->
         raise TraceError(f"trace config must be a mapping, got {type(cfg).__name__}", "trace config")
     name = cfg.get("name")
     if name not in LOADERS:
-        raise TraceError(
-            f"unknown trace format {name!r}; one of {sorted(LOADERS)}", "trace config", field="name"
-        )
-    if not all(
-        isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (vocab_size, max_model_len)
-    ):
+        raise TraceError(f"unknown trace format {name!r}; one of {sorted(LOADERS)}", "trace config", field="name")
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (vocab_size, max_model_len)):
         raise TraceError(
             f"vocab_size and max_model_len must be integers, got {vocab_size!r}, {max_model_len!r}",
             "trace config",
         )
-    return LOADERS[name](
-        cfg, vocab_size=int(vocab_size), max_model_len=int(max_model_len), tokenizer=tokenizer
-    )
+    return LOADERS[name](cfg, vocab_size=int(vocab_size), max_model_len=int(max_model_len), tokenizer=tokenizer)
 
 
 __all__ = [

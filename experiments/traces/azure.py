@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from .common import finalize, options, resolve_path
-from .spec import Trace, TraceError
 from .tabular import numeric, read_csv, sorted_rows
+from .types import Trace, TraceError
 
 DEFAULTS = {"path": None}
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

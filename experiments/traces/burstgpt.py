@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from .common import finalize, options, resolve_path
-from .spec import Trace, TraceError
 from .tabular import numeric, read_csv, sorted_rows
+from .types import Trace, TraceError
 
 DEFAULTS = {"path": None, "models": None, "log_types": None}  # null = keep all
 REQUIRED = ("Timestamp", "Request tokens", "Response tokens")
@@ -57,9 +57,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         col_vals = df[col].str.strip()
         present = set(col_vals.unique())
         if not set(wanted) & present:  # most likely a typo: say what the file has
-            raise TraceError(
-                f"no row matches {wanted}; values present: {sorted(present)[:20]}", path, field=col
-            )
+            raise TraceError(f"no row matches {wanted}; values present: {sorted(present)[:20]}", path, field=col)
         hit = col_vals.isin(wanted).to_numpy()
         skipped[f"filtered_{CARRIED[col]}"] = int((keep & ~hit).sum())
         keep &= hit
@@ -67,8 +65,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     carried = [(c, k) for c, k in CARRIED.items() if c in df.columns]
     # Numbers stay numbers in meta (NaN where the cell is not one); labels stay strings.
     columns = {
-        c: (pd.to_numeric(df[c], errors="coerce") if c in NUMERIC else df[c].str.strip()).to_numpy()
-        for c, _ in carried
+        c: (pd.to_numeric(df[c], errors="coerce") if c in NUMERIC else df[c].str.strip()).to_numpy() for c, _ in carried
     }
 
     def meta(i: int) -> dict:

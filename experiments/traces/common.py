@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .config import COMMON_DEFAULTS, POLICIES, PROJECT_ROOT, _bad, options, plain, resolve_path
-from .spec import RequestSpec, Trace, TraceError
-from .synth import batch_request_tokens
+from .counter_rng import batch_request_tokens
+from .types import RequestSpec, Trace, TraceError
 
 __all__ = [
     "COMMON_DEFAULTS",
@@ -129,9 +130,7 @@ def finalize(
                 break
     if not kept:
         counts = {k: v for k, v in stats.items() if v}
-        raise TraceError(
-            f"no requests selected ({counts}); check the file, window, start, filters and policies", path
-        )
+        raise TraceError(f"no requests selected ({counts}); check the file, window, start, filters and policies", path)
     offset = 0.0
     if opts["rebase"]:
         offset = window[0] if window is not None else kept[0][0].arrival_s

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from .spec import TraceError
+from .types import TraceError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the directory holding experiments/
 POLICIES = ("clip", "skip", "error")
@@ -94,9 +95,7 @@ def _check_common(o: dict) -> None:
 def resolve_path(path: Any) -> Path:
     """A path as given, else relative to the project root (Hydra may change the cwd)."""
     if path is None or path == "" or path == "???":  # "???": Hydra's unset mandatory value
-        raise TraceError(
-            "no path given for a file-based trace (set trace.path=...)", "trace config", field="path"
-        )
+        raise TraceError("no path given for a file-based trace (set trace.path=...)", "trace config", field="path")
     p = Path(str(path)).expanduser()
     if p.exists() or p.is_absolute():
         return p

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from .common import finalize, options, resolve_path
-from .spec import Trace, TraceError
-from .synth import BlockTokens
+from .counter_rng import BlockTokens
 from .tabular import sorted_rows
+from .types import Trace, TraceError
 
 DEFAULTS = {"path": None, "block_size": 512}  # tokens per hash id in the released traces
 
@@ -57,9 +57,7 @@ def parse(path) -> tuple[list, list, list, list, list]:
             out.append(_field(rec, "output_length", path, line_no, integer=True))
             h = rec.get("hash_ids")
             if not isinstance(h, list) or not all(_is_int(x) for x in h):
-                raise TraceError(
-                    f"expected a list of integers, got {str(h)[:60]!r}", path, line_no, "hash_ids"
-                )
+                raise TraceError(f"expected a list of integers, got {str(h)[:60]!r}", path, line_no, "hash_ids")
             hashes.append(h)
             lines.append(line_no)
     if not lines:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from .common import Row, finalize, options, resolve_path
-from .spec import Trace, TraceError
-from .synth import arrival_times
+from .counter_rng import arrival_times
+from .types import Trace, TraceError
 
 DEFAULTS = {"path": None, "rate": None, "burstiness": 1.0, "output_len": None, "shuffle": False}
 HUMAN = {"human", "user"}
@@ -52,9 +52,7 @@ def parse(path) -> tuple[list, int]:
             raise TraceError("expected an object with a 'conversations' list", path, where, "conversations")
         for t, turn in enumerate(conv):
             if not (
-                isinstance(turn, dict)
-                and isinstance(turn.get("from"), str)
-                and isinstance(turn.get("value"), str)
+                isinstance(turn, dict) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str)
             ):
                 raise TraceError(f"turn {t} needs string 'from' and 'value'", path, where, "conversations")
         roles = [turn["from"].lower() for turn in conv]
@@ -74,14 +72,10 @@ def parse(path) -> tuple[list, int]:
 def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace:
     opts = options(cfg, DEFAULTS)
     if tokenizer is None:
-        raise TraceError(
-            "ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer"
-        )
+        raise TraceError("ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer")
     out_len = opts["output_len"]
     if out_len is not None and (not isinstance(out_len, int) or out_len < 1):
-        raise TraceError(
-            f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len"
-        )
+        raise TraceError(f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len")
     path = resolve_path(opts["path"])
     entries, n_entries = parse(path)
     skipped = {
@@ -119,6 +113,4 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
                 tokens=lambda n, ids=ids: ids[:n],
             )
 
-    return finalize(
-        rows(), opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report
-    )
+    return finalize(rows(), opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report)

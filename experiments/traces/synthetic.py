@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from .common import Row, finalize, options
-from .spec import Trace, TraceError
-from .synth import arrival_times, id_list, prefix_tokens, request_tokens
+from .counter_rng import arrival_times, id_list, prefix_tokens, request_tokens
+from .types import Trace, TraceError
 
 DEFAULTS = {
     "num_requests": 1000,
@@ -146,6 +146,4 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         "prefix_groups": groups,
         "prefix_len": plen,
     }
-    return finalize(
-        rows(), opts, path=None, vocab_size=vocab_size, max_model_len=max_model_len, report=report
-    )
+    return finalize(rows(), opts, path=None, vocab_size=vocab_size, max_model_len=max_model_len, report=report)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .common import Row
-from .spec import TraceError
+from .types import TraceError
 
 
 def read_csv(path: Path, required: Sequence[str]) -> pd.DataFrame:

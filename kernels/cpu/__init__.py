@@ -3,11 +3,12 @@
 The build needs a C++ compiler (g++) and ninja; the result is cached under TORCH_EXTENSIONS_DIR
 (default ~/.cache/torch_extensions), so only the first process pays the compile (~20 s on 2 cores).
 """
-from functools import cache
+
 import hashlib
-from pathlib import Path
 import platform
 import shutil
+from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -28,23 +29,45 @@ def _cpu_tag() -> str:
 def load() -> None:
     """Compile (once) and load the extension; its ops then live under torch.ops.testbed_cpu."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise RuntimeError("kernel=cpu needs a C++ compiler (g++) to build its kernels; install one or use kernel=torch")
+        raise RuntimeError(
+            "kernel=cpu needs a C++ compiler (g++) to build its kernels; install one or use kernel=torch"
+        )
     from torch.utils.cpp_extension import load as build
+
     try:
-        build(name=f"testbed_cpu_kernels_{_cpu_tag()}", sources=[str(s) for s in _SOURCES], is_python_module=False,
-              extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"], extra_ldflags=["-fopenmp"],
-              verbose=False)
+        build(
+            name=f"testbed_cpu_kernels_{_cpu_tag()}",
+            sources=[str(s) for s in _SOURCES],
+            is_python_module=False,
+            extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
     except (RuntimeError, OSError) as e:
         raise RuntimeError(f"kernel=cpu: building its C++ kernels failed (use kernel=torch meanwhile): {e}") from e
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One query token per sequence over its paged KV; same contract as reference.paged_attention_ref."""
     load()
     out = torch.empty_like(q) if out is None else out
-    torch.ops.testbed_cpu.paged_decode(out, q, k_cache, v_cache, block_tables.to(torch.int32).contiguous(),
-                                       seq_lens.to(torch.int32).contiguous(), scale)
+    torch.ops.testbed_cpu.paged_decode(
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(),
+        scale,
+    )
     return out
 
 

@@ -1,5 +1,5 @@
-// Fused per-token layer ops for the CPU (RMSNorm, rotary): one pass over memory where the torch reference makes several.
-// Same math as kernels/reference.py (fp32 inside, results in the input dtype). Parallel over tokens.
+// Fused per-token layer ops for the CPU (RMSNorm, rotary): one pass over memory where the torch reference makes
+// several. Same math as kernels/reference.py (fp32 inside, results in the input dtype). Parallel over tokens.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -14,109 +14,110 @@ int64_t grain(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<
 template <typename T>
 void rms_norm_rows(T* out, T* residual_out, const T* x, const T* residual, const T* weight, int64_t rows,
                    int64_t hidden, float eps) {
-  at::parallel_for(0, rows, grain(hidden), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * hidden;
-      T* outr = out + r * hidden;
-      float ss = 0.f;
-      if (residual != nullptr) {           // x + residual, rounded to T as the reference does
-        const T* rr = residual + r * hidden;
-        T* ro = residual_out + r * hidden;
-        for (int64_t i = 0; i < hidden; ++i) {
-          const T sum = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
-          ro[i] = sum;
-          const float f = static_cast<float>(sum);
-          ss += f * f;
+    at::parallel_for(0, rows, grain(hidden), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const T* xr = x + r * hidden;
+            T* outr = out + r * hidden;
+            float ss = 0.f;
+            if (residual != nullptr) {  // x + residual, rounded to T as the reference does
+                const T* rr = residual + r * hidden;
+                T* ro = residual_out + r * hidden;
+                for (int64_t i = 0; i < hidden; ++i) {
+                    const T sum = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+                    ro[i] = sum;
+                    const float f = static_cast<float>(sum);
+                    ss += f * f;
+                }
+                xr = ro;
+            } else {
+                for (int64_t i = 0; i < hidden; ++i) {
+                    const float f = static_cast<float>(xr[i]);
+                    ss += f * f;
+                }
+            }
+            const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + eps);
+            for (int64_t i = 0; i < hidden; ++i) {
+                const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);
+                outr[i] = static_cast<T>(static_cast<float>(normed) * static_cast<float>(weight[i]));
+            }
         }
-        xr = ro;
-      } else {
-        for (int64_t i = 0; i < hidden; ++i) {
-          const float f = static_cast<float>(xr[i]);
-          ss += f * f;
-        }
-      }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + eps);
-      for (int64_t i = 0; i < hidden; ++i) {
-        const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);
-        outr[i] = static_cast<T>(static_cast<float>(normed) * static_cast<float>(weight[i]));
-      }
-    }
-  });
+    });
 }
 
 // Neox-style rotary on [tokens, heads, head_dim] rows (head_dim contiguous), out of place.
 template <typename T>
 void rotary_rows(T* out, const T* x, const int64_t* positions, const T* cos_sin, int64_t tokens, int64_t heads,
                  int64_t head_dim, int64_t x_stride_tok, int64_t x_stride_head) {
-  const int64_t half = head_dim / 2;
-  at::parallel_for(0, tokens, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const T* cs = cos_sin + positions[t] * head_dim;
-      for (int64_t h = 0; h < heads; ++h) {
-        const T* xr = x + t * x_stride_tok + h * x_stride_head;
-        T* o = out + (t * heads + h) * head_dim;
-        for (int64_t i = 0; i < half; ++i) {
-          const float c = static_cast<float>(cs[i]), s = static_cast<float>(cs[half + i]);
-          const float x1 = static_cast<float>(xr[i]), x2 = static_cast<float>(xr[half + i]);
-          o[i] = static_cast<T>(x1 * c - x2 * s);
-          o[half + i] = static_cast<T>(x2 * c + x1 * s);
+    const int64_t half = head_dim / 2;
+    at::parallel_for(0, tokens, grain(heads * head_dim), [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const T* cs = cos_sin + positions[t] * head_dim;
+            for (int64_t h = 0; h < heads; ++h) {
+                const T* xr = x + t * x_stride_tok + h * x_stride_head;
+                T* o = out + (t * heads + h) * head_dim;
+                for (int64_t i = 0; i < half; ++i) {
+                    const float c = static_cast<float>(cs[i]), s = static_cast<float>(cs[half + i]);
+                    const float x1 = static_cast<float>(xr[i]), x2 = static_cast<float>(xr[half + i]);
+                    o[i] = static_cast<T>(x1 * c - x2 * s);
+                    o[half + i] = static_cast<T>(x2 * c + x1 * s);
+                }
+            }
         }
-      }
-    }
-  });
+    });
 }
 
 void check_rows(const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, ": contiguous CPU tensors only");
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, ": contiguous CPU tensors only");
 }
 
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_rows(x, "rms_norm");
-  check_rows(out, "rms_norm");
-  const int64_t hidden = x.size(-1);
-  TORCH_CHECK(weight.numel() == hidden && weight.scalar_type() == x.scalar_type(), "rms_norm: weight mismatch");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
-                            weight.contiguous().data_ptr<scalar_t>(), x.numel() / hidden, hidden, eps);
-  });
+    check_rows(x, "rms_norm");
+    check_rows(out, "rms_norm");
+    const int64_t hidden = x.size(-1);
+    TORCH_CHECK(weight.numel() == hidden && weight.scalar_type() == x.scalar_type(), "rms_norm: weight mismatch");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
+        rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
+                                weight.contiguous().data_ptr<scalar_t>(), x.numel() / hidden, hidden, eps);
+    });
 }
 
 void add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& residual,
                   const at::Tensor& weight, double eps) {
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&out, &residual_out, &x, &residual})
-    check_rows(*t, "add_rms_norm");
-  const int64_t hidden = x.size(-1);
-  TORCH_CHECK(weight.numel() == hidden && weight.scalar_type() == x.scalar_type() &&
-                  residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
-              "add_rms_norm: shapes or dtypes disagree");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), residual_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                            residual.data_ptr<scalar_t>(), weight.contiguous().data_ptr<scalar_t>(),
-                            x.numel() / hidden, hidden, eps);
-  });
+    for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&out, &residual_out, &x, &residual})
+        check_rows(*t, "add_rms_norm");
+    const int64_t hidden = x.size(-1);
+    TORCH_CHECK(weight.numel() == hidden && weight.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes() &&
+                    residual.scalar_type() == x.scalar_type(),
+                "add_rms_norm: shapes or dtypes disagree");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
+        rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), residual_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                residual.data_ptr<scalar_t>(), weight.contiguous().data_ptr<scalar_t>(),
+                                x.numel() / hidden, hidden, eps);
+    });
 }
 
 void rotary(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
-  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: x must be [tokens, heads, head_dim], head_dim contiguous");
-  check_rows(out, "rotary");
-  check_rows(cos_sin, "rotary");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(), "rotary: positions must be int64");
-  TORCH_CHECK(cos_sin.scalar_type() == x.scalar_type() && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
-              "rotary: cos_sin cache must be [max_pos, head_dim] in x's dtype");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rotary", [&] {
-    rotary_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
-                          cos_sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1));
-  });
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: x must be [tokens, heads, head_dim], head_dim contiguous");
+    check_rows(out, "rotary");
+    check_rows(cos_sin, "rotary");
+    TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(), "rotary: positions must be int64");
+    TORCH_CHECK(cos_sin.scalar_type() == x.scalar_type() && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
+                "rotary: cos_sin cache must be [max_pos, head_dim] in x's dtype");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rotary", [&] {
+        rotary_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
+                              cos_sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1));
+    });
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
-  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
-  m.def("add_rms_norm(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor residual, Tensor weight, "
+    m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+    m.def(
+        "add_rms_norm(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor residual, Tensor weight, "
         "float eps) -> ()");
-  m.def("rotary(Tensor(a!) out, Tensor x, Tensor positions, Tensor cos_sin) -> ()");
-  m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(rms_norm));
-  m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(add_rms_norm));
-  m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(rotary));
+    m.def("rotary(Tensor(a!) out, Tensor x, Tensor positions, Tensor cos_sin) -> ()");
+    m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(rms_norm));
+    m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(add_rms_norm));
+    m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(rotary));
 }

@@ -3,8 +3,9 @@
 `KernelBackend` is the readable torch reference (`kernel=torch`); faster backends subclass it and
 override what they accelerate, so a new backend is one small file plus one line in `_BACKENDS`.
 """
-from dataclasses import dataclass
+
 import importlib
+from dataclasses import dataclass
 
 import torch
 
@@ -14,10 +15,11 @@ from kernels import reference
 @dataclass
 class AttentionMetadata:
     """Per-step layout of the flat token batch, shared by every layer."""
-    slot_mapping: torch.Tensor      # [num_tokens] int64: cache slot of each new token (-1 = padding)
-    query_start_loc: torch.Tensor   # [num_seqs + 1] int32: cumulative query lengths
-    seq_lens: torch.Tensor          # [num_seqs] int32: context length incl. this step's tokens
-    block_tables: torch.Tensor      # [num_seqs, max_blocks] int32
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token (-1 = padding)
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative query lengths
+    seq_lens: torch.Tensor  # [num_seqs] int32: context length incl. this step's tokens
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     max_query_len: int
     max_seq_len: int
 
@@ -32,6 +34,7 @@ class AttentionMetadata:
 
 class KernelBackend:
     """Torch reference backend: clear code for every op the model needs."""
+
     name = "torch"
     # Block sizes this backend can run; None = any.
     requires_power_of_two_block_size = False
@@ -41,8 +44,9 @@ class KernelBackend:
         reference.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return self._decode(q, k_cache, v_cache, meta, scale)
-        return reference.paged_attention_ref(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                             meta.block_tables, scale)
+        return reference.paged_attention_ref(
+            q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale
+        )
 
     def _decode(self, q, k_cache, v_cache, meta, scale):
         """Batched decode: gather every sequence's blocks at once and mask past each length."""

@@ -6,6 +6,7 @@ prefill chunks run torch's fused scaled_dot_product_attention per sequence. RMSN
 rotary are fused C++ loops (one pass over memory where the reference makes several); SiLU-mul stays
 torch's (its vectorised exp beats a plain C++ loop).
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +19,7 @@ class CpuBackend(KernelBackend):
     name = "cpu"
 
     def __init__(self):
-        cpu_kernels.load()        # compile (or load the cached build) now, not inside the first step
+        cpu_kernels.load()  # compile (or load the cached build) now, not inside the first step
         self._split_of, self._split_cache = None, None
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -31,7 +32,7 @@ class CpuBackend(KernelBackend):
             return cpu_kernels.paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
         out = torch.empty_like(q)
         rows, decode_lens, decode_tables, prefills = self._split(meta)
-        if rows is not None:                 # a mixed step: the decoding sequences still go through the kernel
+        if rows is not None:  # a mixed step: the decoding sequences still go through the kernel
             out[rows] = cpu_kernels.paged_decode(q[rows], k_cache, v_cache, decode_lens, decode_tables, scale)
         for i, q_lo, q_hi, ctx_len in prefills:
             out[q_lo:q_hi] = _prefill_one(q[q_lo:q_hi], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
@@ -43,10 +44,12 @@ class CpuBackend(KernelBackend):
             starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
             decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
             idx = torch.tensor(decode, dtype=torch.long)
-            self._split_cache = (torch.tensor([starts[i] for i in decode], dtype=torch.long) if decode else None,
-                                 meta.seq_lens[idx], meta.block_tables[idx],
-                                 [(i, starts[i], starts[i + 1], n) for i, n in enumerate(lens)
-                                  if starts[i + 1] - starts[i] > 1])
+            self._split_cache = (
+                torch.tensor([starts[i] for i in decode], dtype=torch.long) if decode else None,
+                meta.seq_lens[idx],
+                meta.block_tables[idx],
+                [(i, starts[i], starts[i + 1], n) for i, n in enumerate(lens) if starts[i + 1] - starts[i] > 1],
+            )
             self._split_of = meta
         return self._split_cache
 
@@ -65,9 +68,10 @@ def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -
     v = reference.gather_kv_ref(v_cache, block_table, ctx_len).transpose(0, 1)[None]
     if q_len == ctx_len:
         mask, causal = None, True
-    else:                                  # a chunk after a cached prefix: query i sees keys up to its position
+    else:  # a chunk after a cached prefix: query i sees keys up to its position
         q_pos = torch.arange(ctx_len - q_len, ctx_len).unsqueeze(1)
         mask, causal = torch.arange(ctx_len).unsqueeze(0) <= q_pos, False
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=causal,
-                                         scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+    )
     return out[0].transpose(0, 1)

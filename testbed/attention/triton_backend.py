@@ -2,6 +2,7 @@
 
 On CPU the kernels only run under TRITON_INTERPRET=1 (slow; for tests).
 """
+
 import torch
 
 from kernels.triton_kv_write import write_kv
@@ -25,10 +26,26 @@ class TritonBackend(KernelBackend):
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         # decode kernel maps query row i to sequence i; otherwise the prefill kernel handles it
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
-            return paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,
-                                max_seq_len=meta.max_seq_len, num_splits=self.num_splits)
-        return paged_prefill(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                             scale, max_query_len=meta.max_query_len)
+            return paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                meta.seq_lens,
+                meta.block_tables,
+                scale,
+                max_seq_len=meta.max_seq_len,
+                num_splits=self.num_splits,
+            )
+        return paged_prefill(
+            q,
+            k_cache,
+            v_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            scale,
+            max_query_len=meta.max_query_len,
+        )
 
     def rms_norm(self, x, weight, eps, residual=None):
         return rms_norm(x, weight, eps, residual)

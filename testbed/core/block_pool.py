@@ -3,6 +3,7 @@
 Invariant: a block is in the free queue iff its ref count is 0. A freed block keeps its hash (and
 stays hittable) until it is handed out again, which is when it leaves the hash map.
 """
+
 from collections.abc import Iterable
 
 
@@ -13,9 +14,9 @@ class KVCacheBlock:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
-        self.prev_free: "KVCacheBlock | None" = None
-        self.next_free: "KVCacheBlock | None" = None
-        self.hit_count = 0                     # prefix hits since cached (for frequency-aware eviction)
+        self.prev_free: KVCacheBlock | None = None
+        self.next_free: KVCacheBlock | None = None
+        self.hit_count = 0  # prefix hits since cached (for frequency-aware eviction)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -50,7 +51,7 @@ class FreeBlockQueue:
     def popleft(self) -> KVCacheBlock:
         if self.num_free == 0:
             raise ValueError("no free blocks")
-        block = self.head.next_free              # remove(), inlined: this runs for every block handed out
+        block = self.head.next_free  # remove(), inlined: this runs for every block handed out
         nxt = block.next_free
         self.head.next_free, nxt.prev_free = nxt, self.head
         block.prev_free = block.next_free = None
@@ -70,14 +71,15 @@ class FreeBlockQueue:
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True, eviction: str = "lru"):
         from testbed.core.eviction import make_free_queue
+
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least 1 block, got num_blocks={num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_queue = make_free_queue(eviction, self.blocks)   # eviction order (testbed.core.eviction)
+        self.free_queue = make_free_queue(eviction, self.blocks)  # eviction order (testbed.core.eviction)
         self.hash_to_block: dict[int, KVCacheBlock] = {}
-        self.num_cached_free = 0   # free blocks that still hold a cached prefix
+        self.num_cached_free = 0  # free blocks that still hold a cached prefix
         self.num_evictions = 0
 
     @property
@@ -95,7 +97,7 @@ class BlockPool:
         popleft = self.free_queue.popleft
         for _ in range(n):
             block = popleft()
-            if block.block_hash is not None:     # it still caches a prefix: evict that
+            if block.block_hash is not None:  # it still caches a prefix: evict that
                 self._evict(block)
             block.ref_cnt = 1
             out.append(block)

@@ -8,6 +8,7 @@ num_free): `popleft` hands out the block to reuse next, evicting whatever prefix
     lfu  blocks caching nothing first, then the fewest prefix hits, ties broken least recently freed:
          a system prompt hit by many requests survives a burst of one-off prompts
 """
+
 import heapq
 import importlib
 
@@ -33,7 +34,7 @@ class LFUFreeQueue:
     def __init__(self, blocks):
         self._free: dict[int, object] = {}
         self._heap: list[tuple] = []
-        self._stamp: dict[int, int] = {}      # block id -> counter of its live heap entry
+        self._stamp: dict[int, int] = {}  # block id -> counter of its live heap entry
         self._counter = 0
         for block in blocks:
             self.append(block)
@@ -48,7 +49,7 @@ class LFUFreeQueue:
         self._stamp[block.block_id] = self._counter
         cached = block.block_hash is not None
         heapq.heappush(self._heap, (cached, block.hit_count if cached else 0, self._counter, block.block_id))
-        if len(self._heap) > 4 * len(self._free) + 64:     # drop stale entries now and then
+        if len(self._heap) > 4 * len(self._free) + 64:  # drop stale entries now and then
             self._heap = [e for e in self._heap if self._stamp.get(e[3]) == e[2]]
             heapq.heapify(self._heap)
 

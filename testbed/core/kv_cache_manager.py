@@ -1,7 +1,8 @@
 """Per-request block tables over the block pool: prefix lookup, slot allocation, freeing, accounting."""
+
 import weakref
 
-from testbed.core.allocators.base import KVAllocator, KVCacheStats  # noqa: F401 (KVCacheStats re-exported)
+from testbed.core.allocators.base import KVAllocator, KVCacheStats
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.request import Request
 
@@ -17,24 +18,24 @@ class BlockChanges(dict):
 
 class KVCacheManager(KVAllocator):
     """The paged allocator (`cache=paged`): any free block serves any request, prefixes are shared."""
+
     name = "paged"
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 eviction: str = "lru"):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, eviction: str = "lru"):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, eviction=eviction)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.req_num_hashed: dict[str, int] = {}   # full blocks already registered in the hash map
+        self.req_num_hashed: dict[str, int] = {}  # full blocks already registered in the hash map
         # request id -> up to how many tokens (computed + new) allocate_slots has nothing to do: the held
         # blocks have room and no further block becomes full (set by the full path, dropped on trim/free)
         self.req_fast_limit: dict[str, int] = {}
-        self._watchers: list[weakref.ref] = []   # to BlockChanges handed out by watch()
+        self._watchers: list[weakref.ref] = []  # to BlockChanges handed out by watch()
         # kept as blocks are taken and given back, so that stats_from_counters() is O(1):
-        self.num_held_blocks_total = 0   # sum of len(req_blocks[rid]) (a shared block counts per holder)
-        self.num_internal_slots = 0      # sum of held slots beyond each holder's final length
+        self.num_held_blocks_total = 0  # sum of len(req_blocks[rid]) (a shared block counts per holder)
+        self.num_internal_slots = 0  # sum of held slots beyond each holder's final length
         self._init_counters()
 
     def watch(self) -> "BlockChanges":
@@ -70,7 +71,7 @@ class KVCacheManager(KVAllocator):
         """Extend request.block_hashes to cover the full blocks among its first num_tokens tokens."""
         hashes, bs, tokens = request.block_hashes, self.block_size, request.all_token_ids
         for i in range(len(hashes), min(num_tokens, len(tokens)) // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of a request not yet holding blocks: (blocks, num computed tokens).
@@ -81,15 +82,20 @@ class KVCacheManager(KVAllocator):
         max_hit_tokens = request.num_tokens - 1
         self._update_hashes(request, max_hit_tokens)
         blocks = []
-        for block_hash in request.block_hashes[:max_hit_tokens // self.block_size]:
+        for block_hash in request.block_hashes[: max_hit_tokens // self.block_size]:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
 
-    def can_allocate(self, request: Request, num_new_tokens: int,
-                     computed_blocks: list[KVCacheBlock] = (), num_lookahead_tokens: int = 0) -> int | None:
+    def can_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[KVCacheBlock] = (),
+        num_lookahead_tokens: int = 0,
+    ) -> int | None:
         """Blocks to take from the free queue for this allocation, or None if they are not there."""
         held = self.req_blocks.get(request.request_id, ())
         total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
@@ -100,9 +106,14 @@ class KVCacheManager(KVAllocator):
             return None
         return num_new_blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed_blocks: list[KVCacheBlock] = (), num_lookahead_tokens: int = 0,
-                       num_tokens_to_cache: int | None = None) -> list[KVCacheBlock] | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[KVCacheBlock] = (),
+        num_lookahead_tokens: int = 0,
+        num_tokens_to_cache: int | None = None,
+    ) -> list[KVCacheBlock] | None:
         """Make room for num_new_tokens after the computed ones (and any prefix hits given).
 
         Returns the newly taken blocks, or None (and changes nothing) if the pool is short.
@@ -112,7 +123,7 @@ class KVCacheManager(KVAllocator):
         if limit is not None and not computed_blocks and not num_lookahead_tokens and num_tokens_to_cache is None:
             end = request.num_computed_tokens + num_new_tokens
             if end <= limit:
-                return []                        # the common decode step: nothing to take, nothing to hash
+                return []  # the common decode step: nothing to take, nothing to hash
             blocks = self.req_blocks[rid]
             if self.enable_prefix_caching and end <= len(blocks) * self.block_size:
                 # a block fills up while the held blocks still have room: only register its hash
@@ -136,8 +147,9 @@ class KVCacheManager(KVAllocator):
             self._changed(rid, num_held)
         if self.enable_prefix_caching:
             end = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-            self._cache_full_blocks(request, blocks, min(end, request.num_tokens)
-                                    if num_tokens_to_cache is None else num_tokens_to_cache)
+            self._cache_full_blocks(
+                request, blocks, min(end, request.num_tokens) if num_tokens_to_cache is None else num_tokens_to_cache
+            )
         self._set_fast_limit(rid, blocks)
         return new_blocks
 
@@ -179,7 +191,7 @@ class KVCacheManager(KVAllocator):
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back blocks beyond what num_tokens needs (after rejected speculative tokens)."""
         blocks = self.req_blocks.get(request.request_id, [])
-        self.req_fast_limit.pop(request.request_id, None)     # the next allocation takes the full path
+        self.req_fast_limit.pop(request.request_id, None)  # the next allocation takes the full path
         keep = self.blocks_needed(num_tokens)
         if len(blocks) > keep:
             surplus = blocks[keep:]
@@ -213,5 +225,17 @@ class KVCacheManager(KVAllocator):
         slack = self.num_held_blocks_total * bs - num_computed_tokens
         internal = self.num_internal_slots
         token_slots = used_blocks * bs - slack
-        return KVCacheStats(self.num_blocks, bs, used_blocks, token_slots, slack, self.pool.num_cached_free,
-                            free, token_slots, slack - internal, internal, 0, free * bs)
+        return KVCacheStats(
+            self.num_blocks,
+            bs,
+            used_blocks,
+            token_slots,
+            slack,
+            self.pool.num_cached_free,
+            free,
+            token_slots,
+            slack - internal,
+            internal,
+            0,
+            free * bs,
+        )

@@ -4,6 +4,7 @@ Prefill chunks, decode, prefix hits, speculative verification (1 + k tokens) and
 back to 0; swap: KV parked in host memory, resumed where it stopped) are all "advance num_computed_tokens";
 a SchedulingPolicy only orders requests, picks victims and may shape the step's token budget.
 """
+
 import bisect
 from dataclasses import dataclass, field
 
@@ -22,18 +23,20 @@ class SchedulerConfig:
 
     def __post_init__(self):
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_batched_tokens and max_num_seqs must be >= 1, got "
-                             f"{self.max_num_batched_tokens} and {self.max_num_seqs}")
+            raise ValueError(
+                f"max_num_batched_tokens and max_num_seqs must be >= 1, got "
+                f"{self.max_num_batched_tokens} and {self.max_num_seqs}"
+            )
 
 
 @dataclass
 class SchedulerOutput:
     requests: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)   # aligned with requests
+    num_new_tokens: list[int] = field(default_factory=list)  # aligned with requests
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)     # finished since the last step (for executors)
+    finished_ids: list[str] = field(default_factory=list)  # finished since the last step (for executors)
 
     @property
     def total_tokens(self) -> int:
@@ -45,20 +48,26 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy, clock,
-                 swap: SwapManager | None = None):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        policy: SchedulingPolicy,
+        clock,
+        swap: SwapManager | None = None,
+    ):
         self.config = config
-        self.kv = kv                          # any KVAllocator (testbed.core.allocators)
+        self.kv = kv  # any KVAllocator (testbed.core.allocators)
         self.policy = policy
         self.clock = clock
-        self.swap = swap                      # None: recompute preemption
-        self.waiting: list[Request] = []      # sorted by policy key
-        self.running: list[Request] = []      # sorted by policy key
+        self.swap = swap  # None: recompute preemption
+        self.waiting: list[Request] = []  # sorted by policy key
+        self.running: list[Request] = []  # sorted by policy key
         self.requests: dict[str, Request] = {}
         self._next_seq_no = 0
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
-        self.blocked_request: Request | None = None   # waiting request refused memory in the last step
+        self.blocked_request: Request | None = None  # waiting request refused memory in the last step
         # sum of num_computed_tokens over self.running, kept as they change: KV accounting in O(1)
         self.running_computed_tokens = 0
         # the policy's per-request chunking rule, or None when it is the default (take what is left)
@@ -117,7 +126,7 @@ class Scheduler:
         self._preempt_for_waiting(out, budget, now)
         num_preempted = len(out.preempted)
         budget = self._schedule_running(out, budget, now)
-        if len(out.preempted) == num_preempted:      # no memory pressure among the running
+        if len(out.preempted) == num_preempted:  # no memory pressure among the running
             self._schedule_waiting(out, budget, now)
         return out
 
@@ -171,7 +180,7 @@ class Scheduler:
                 i += 1
                 continue
             if allocate(request, num_new) is None and not self._make_room(out, request, num_new, i, now):
-                continue                         # the request itself was preempted: running[i] is the next one
+                continue  # the request itself was preempted: running[i] is the next one
             requests.append(request)
             num_new_tokens.append(num_new)
             if computed >= num_tokens - 1:
@@ -207,7 +216,7 @@ class Scheduler:
             if num_new <= 0:
                 break
             if self.kv.allocate_slots(request, num_new, computed_blocks) is None:
-                scheduled = set(out.requests)     # identity hashes: O(1) membership at any batch size
+                scheduled = set(out.requests)  # identity hashes: O(1) membership at any batch size
                 unscheduled = [r for r in self.running if r not in scheduled]
                 victim = self.policy.should_preempt_for(request, unscheduled, now)
                 if victim is None:
@@ -231,24 +240,25 @@ class Scheduler:
             budget -= num_new
 
     # ---- after the model ran ------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list[list[int] | None],
-               logprobs: list[list[float] | None] | None = None) -> list[tuple[Request, list[int]]]:
+    def update(
+        self, out: SchedulerOutput, sampled: list[list[int] | None], logprobs: list[list[float] | None] | None = None
+    ) -> list[tuple[Request, list[int]]]:
         """Advance computed counts and append sampled tokens. Returns (request, new tokens) for every
         request that produced tokens or finished this step."""
         now = self.clock()
         updates = []
         finished = []
-        computed_delta = 0                   # change of running_computed_tokens
+        computed_delta = 0  # change of running_computed_tokens
         for idx, (request, num_new, tokens) in enumerate(zip(out.requests, out.num_new_tokens, sampled)):
-            if request.status.finished:      # aborted while the step ran
+            if request.status.finished:  # aborted while the step ran
                 continue
             request.num_computed_tokens += num_new
             computed_delta += num_new
             if not tokens:
-                continue                     # a prefill chunk that did not reach the end
+                continue  # a prefill chunk that did not reach the end
             if request.spec_token_ids:
                 computed_delta -= self._rewind_rejected(request, len(tokens))
-            if len(tokens) == 1 and not logprobs:        # the common case, without the loop
+            if len(tokens) == 1 and not logprobs:  # the common case, without the loop
                 token = tokens[0]
                 request.append_output_token(token, None, now)
                 new_tokens = tokens
@@ -262,7 +272,7 @@ class Scheduler:
                 self._release(request, now)
             updates.append((request, new_tokens))
         self.running_computed_tokens += computed_delta
-        if finished:                         # one pass over the running list, not one per finished request
+        if finished:  # one pass over the running list, not one per finished request
             done = set(finished)
             self.running[:] = [r for r in self.running if r not in done]
         return updates
@@ -279,15 +289,16 @@ class Scheduler:
             self.kv.trim(request, request.num_computed_tokens)
         return rejected
 
-    def _append_tokens(self, request: Request, tokens: list[int], token_logprobs: list[float] | None,
-                       now: float) -> list[int]:
+    def _append_tokens(
+        self, request: Request, tokens: list[int], token_logprobs: list[float] | None, now: float
+    ) -> list[int]:
         """Append sampled tokens up to the first that ends the request; returns those appended."""
         stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
         for j, token in enumerate(tokens):
             request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
             # cheap filter first: only a stop/EOS token or the length limit can end a request (then it does)
             if (token in stop_ids or len(all_tokens) >= max_num_tokens) and self._check_stop(request, token):
-                return tokens[:j + 1]
+                return tokens[: j + 1]
         return tokens
 
     def _check_stop(self, request: Request, token: int) -> bool:
@@ -296,9 +307,11 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_STOPPED
         elif token in params.stop_token_ids:
             request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, token
-        elif params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            request.status = RequestStatus.FINISHED_LENGTH
-        elif request.num_tokens >= self.config.max_model_len:
+        elif (
+            params.max_tokens is not None
+            and request.num_output_tokens >= params.max_tokens
+            or request.num_tokens >= self.config.max_model_len
+        ):
             request.status = RequestStatus.FINISHED_LENGTH
         return request.is_finished
 

@@ -6,6 +6,7 @@ executor's block copy (a no-op stand-in for scheduler-only tests). Copies are sy
 happens before the freed device blocks can be handed out again, swap-in before the resumed request
 runs. A request that does not fit in the host pool falls back to recompute.
 """
+
 from testbed.request import Request
 
 
@@ -16,11 +17,11 @@ class SwapManager:
         self.kv = kv
         self.num_cpu_blocks = num_cpu_blocks
         self.copy = copy or (lambda src, dst, to_host: None)
-        self.free_ids = list(range(num_cpu_blocks - 1, -1, -1))   # pop() hands out low ids first
-        self.swapped: dict[str, list[int]] = {}                    # request id -> host block ids
+        self.free_ids = list(range(num_cpu_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.swapped: dict[str, list[int]] = {}  # request id -> host block ids
         self.num_swap_outs = 0
         self.num_swap_ins = 0
-        self.blocks_swapped = 0                                    # out + in, in blocks
+        self.blocks_swapped = 0  # out + in, in blocks
 
     def holds(self, request: Request) -> bool:
         return request.request_id in self.swapped
@@ -47,7 +48,7 @@ class SwapManager:
     def swap_in(self, request: Request) -> None:
         """After the allocator gave the request device blocks again: copy its KV back, free the host blocks."""
         host_ids = self.swapped.pop(request.request_id)
-        device_ids = self.kv.get_block_ids(request.request_id)[:len(host_ids)]
+        device_ids = self.kv.get_block_ids(request.request_id)[: len(host_ids)]
         self.copy(host_ids, device_ids, False)
         self.free_ids.extend(reversed(host_ids))
         self.num_swap_ins += 1

@@ -12,6 +12,7 @@ only. The torch reference backend does not (boolean indexing and .tolist() sync)
 Logits and sampling run eagerly on the graph's output rows. `capture=False` runs the same padded,
 static-buffer path eagerly: the CPU tests use it to check the padding logic without a GPU.
 """
+
 import bisect
 import logging
 import time
@@ -57,8 +58,10 @@ class CudaGraphRunner:
         if not buffers.static:
             raise ValueError("CUDA graphs need InputBuffers with static device tensors")
         if self.sizes[-1] > buffers.max_seqs or self.sizes[-1] > buffers.max_tokens:
-            raise ValueError(f"captured size {self.sizes[-1]} exceeds the input buffers "
-                             f"({buffers.max_seqs} seqs, {buffers.max_tokens} tokens)")
+            raise ValueError(
+                f"captured size {self.sizes[-1]} exceeds the input buffers "
+                f"({buffers.max_seqs} seqs, {buffers.max_tokens} tokens)"
+            )
         self.max_seq_len = max_seq_len
         self.use_graphs = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -94,9 +97,14 @@ class CudaGraphRunner:
     # ---- capture ----------------------------------------------------------------------------------
     def _meta(self, bs: int) -> AttentionMetadata:
         dev = self.buffers.dev
-        return AttentionMetadata(slot_mapping=dev["slot_mapping"][:bs], query_start_loc=dev["query_start_loc"][:bs + 1],
-                                 seq_lens=dev["seq_lens"][:bs], block_tables=dev["block_tables"][:bs],
-                                 max_query_len=1, max_seq_len=self.max_seq_len)
+        return AttentionMetadata(
+            slot_mapping=dev["slot_mapping"][:bs],
+            query_start_loc=dev["query_start_loc"][: bs + 1],
+            seq_lens=dev["seq_lens"][:bs],
+            block_tables=dev["block_tables"][:bs],
+            max_query_len=1,
+            max_seq_len=self.max_seq_len,
+        )
 
     def _forward(self, bs: int) -> torch.Tensor:
         dev = self.buffers.dev
@@ -132,8 +140,13 @@ class CudaGraphRunner:
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        logger.info("captured %d decode CUDA graphs (batch %d..%d) in %.1f s", len(self.sizes), self.sizes[0],
-                    self.sizes[-1], self.capture_seconds)
+        logger.info(
+            "captured %d decode CUDA graphs (batch %d..%d) in %.1f s",
+            len(self.sizes),
+            self.sizes[0],
+            self.sizes[-1],
+            self.capture_seconds,
+        )
         return self
 
 
@@ -143,10 +156,12 @@ def setup_fast_path(engine, kv_caches, dry_run_graphs: bool = False) -> None:
     dry_run_graphs: run the graph path (static buffers, padding) eagerly, on any device (tests).
     """
     from testbed.executor.host_buffers import InputBuffers
+
     runner = engine.executor
     graphs = dry_run_graphs or use_cuda_graphs(engine.config, engine.backend, engine.device)
     sizes = engine.config.cuda_graph_sizes or default_capture_sizes(engine.config.max_num_seqs)
-    runner.input_buffers = InputBuffers.for_engine(engine, extra_seqs=max(sizes) if graphs else 0,
-                                                   static=True if graphs else None)
+    runner.input_buffers = InputBuffers.for_engine(
+        engine, extra_seqs=max(sizes) if graphs else 0, static=True if graphs else None
+    )
     if graphs:
         runner.cuda_graphs = CudaGraphRunner.for_engine(engine, kv_caches, capture=not dry_run_graphs).capture()

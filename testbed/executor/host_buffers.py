@@ -11,6 +11,7 @@ addresses, which is what CUDA graphs capture (testbed.executor.cuda_graphs). On 
 are the model's inputs (no copy), unless `static=True` asks for the same fixed "device" tensors there
 (to test the graph path's padding without a GPU). Tensors handed out are valid until the next step.
 """
+
 import numpy as np
 import torch
 
@@ -44,9 +45,9 @@ class BlockTables:
         self.table = np.zeros((rows, max(width, 1)), dtype=np.int32)
         self.row_of: dict[str, int] = {}
         self.free_rows = list(range(rows - 1, -1, -1))
-        self.entries: dict[str, list] = {}       # without `changes`: request id -> [live block list, synced]
-        self.dirty: set[str] = set()             # without `changes`: drafts verified, the tail may be trimmed
-        self._last = (None, None)                # (request ids, their rows) of the last call to rows()
+        self.entries: dict[str, list] = {}  # without `changes`: request id -> [live block list, synced]
+        self.dirty: set[str] = set()  # without `changes`: drafts verified, the tail may be trimmed
+        self._last = (None, None)  # (request ids, their rows) of the last call to rows()
 
     def forget(self, request_ids) -> None:
         for rid in request_ids:
@@ -61,7 +62,7 @@ class BlockTables:
         old = self.table
         rows, width = max(rows, old.shape[0]), max(width, old.shape[1])
         self.table = np.zeros((rows, width), dtype=np.int32)
-        self.table[:old.shape[0], :old.shape[1]] = old
+        self.table[: old.shape[0], : old.shape[1]] = old
         self.free_rows.extend(range(rows - 1, old.shape[0] - 1, -1))
 
     def rows(self, request_ids: list[str]) -> np.ndarray:
@@ -72,12 +73,12 @@ class BlockTables:
         elif self.changes:
             self._apply_changes()
         last_ids, last_rows = self._last
-        if request_ids == last_ids:              # steady decoding: the same batch as the last step
+        if request_ids == last_ids:  # steady decoding: the same batch as the last step
             return last_rows
         row_of = self.row_of
         try:
             rows = np.array([row_of[rid] for rid in request_ids], dtype=np.int64)
-        except KeyError:                         # requests in their first step: give them rows
+        except KeyError:  # requests in their first step: give them rows
             for rid in request_ids:
                 if rid not in row_of:
                     self._write(self._new_row(rid), self.blocks_of(rid) or (), 0)
@@ -97,7 +98,7 @@ class BlockTables:
         n = len(blocks)
         if n > self.table.shape[1]:
             self._grow(0, 2 * n)
-        if n == first + 1:                       # the usual change: one block appended
+        if n == first + 1:  # the usual change: one block appended
             self.table[row, first] = blocks[first].block_id
         elif n > first:
             self.table[row, first:n] = [b.block_id for b in blocks[first:n]]
@@ -106,14 +107,14 @@ class BlockTables:
         row_of, blocks_of = self.row_of, self.blocks_of
         for rid, first in self.changes.items():
             row = row_of.get(rid)
-            if row is not None:                  # not yet given a row: written in full when it is
+            if row is not None:  # not yet given a row: written in full when it is
                 self._write(row, blocks_of(rid) or (), first)
         self.changes.clear()
 
     def _check_all(self, request_ids: list[str]) -> None:
         """No change reports: compare every request's live list with what its row last got."""
         entries, blocks_of = self.entries, self.blocks_of
-        for rid in self.dirty:                   # re-sync these rows from the start
+        for rid in self.dirty:  # re-sync these rows from the start
             entry = entries.get(rid)
             if entry is not None:
                 entry[1] = -1
@@ -122,27 +123,36 @@ class BlockTables:
             blocks = blocks_of(rid) or ()
             entry = entries.get(rid)
             if entry is not None and entry[0] is blocks and entry[1] == len(blocks):
-                continue                         # the common case: nothing new
+                continue  # the common case: nothing new
             row = self.row_of.get(rid)
             if row is None:
                 row = self._new_row(rid)
             if entry is None or entry[0] is not blocks or entry[1] < 0:
-                entry = entries[rid] = [blocks, 0]   # new, re-allocated or possibly trimmed: all of it
+                entry = entries[rid] = [blocks, 0]  # new, re-allocated or possibly trimmed: all of it
             self._write(row, blocks, min(entry[1], len(blocks)))
-            entry[1] = len(blocks)               # shrunk (trimmed tail): the prefix is still right
+            entry[1] = len(blocks)  # shrunk (trimmed tail): the prefix is still right
 
 
 class InputBuffers:
     """Fixed-capacity staging for one step's inputs (see the module docstring)."""
 
-    def __init__(self, block_size: int, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device,
-                 blocks_of=None, static: bool | None = None, changes: dict | None = None):
+    def __init__(
+        self,
+        block_size: int,
+        max_tokens: int,
+        max_seqs: int,
+        max_blocks_per_seq: int,
+        device,
+        blocks_of=None,
+        static: bool | None = None,
+        changes: dict | None = None,
+    ):
         self.block_size = block_size
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.static = self.cuda if static is None else static     # fixed device tensors, copied into
+        self.static = self.cuda if static is None else static  # fixed device tensors, copied into
         self.tables = BlockTables(blocks_of, max_blocks_per_seq, max(max_seqs, 1), changes) if blocks_of else None
-        self.generation = 0        # bumped whenever the device tensors move (captured graphs must notice)
+        self.generation = 0  # bumped whenever the device tensors move (captured graphs must notice)
         self._allocate(max_tokens, max_seqs, max_blocks_per_seq)
 
     @classmethod
@@ -150,10 +160,18 @@ class InputBuffers:
         """Sized by the engine's budgets; extra_seqs covers batches padded past max_num_seqs (graphs)."""
         c = engine.config
         seqs = max(c.max_num_seqs, extra_seqs)
-        width = -(-engine.max_model_len // c.block_size) + 8      # + a few for speculative lookahead
-        watch = getattr(engine.kv, "watch", None)         # change reports, where the allocator gives them
-        return cls(c.block_size, max(c.max_num_batched_tokens, seqs), seqs, width, device or engine.device,
-                   engine.kv.req_blocks.get, static, watch() if watch else None)
+        width = -(-engine.max_model_len // c.block_size) + 8  # + a few for speculative lookahead
+        watch = getattr(engine.kv, "watch", None)  # change reports, where the allocator gives them
+        return cls(
+            c.block_size,
+            max(c.max_num_batched_tokens, seqs),
+            seqs,
+            width,
+            device or engine.device,
+            engine.kv.req_blocks.get,
+            static,
+            watch() if watch else None,
+        )
 
     def _allocate(self, tokens: int, seqs: int, width: int) -> None:
         self.max_tokens, self.max_seqs, self.max_width = tokens, seqs, width
@@ -164,17 +182,19 @@ class InputBuffers:
             t = torch.zeros(size, dtype=_TORCH[dtype], pin_memory=self.cuda)
             return t, t.numpy()
 
-        self._host = []                # per set: field -> (tensor, numpy view); "block_tables" flat
+        self._host = []  # per set: field -> (tensor, numpy view); "block_tables" flat
         for _ in range(num_sets):
             bufs = {name: host(sizes[kind], dtype) for name, (dtype, kind) in FIELDS.items()}
             bufs["block_tables"] = host(seqs * width, np.int32)
             self._host.append(bufs)
         self._events = [None] * num_sets
         self._set = 0
-        self._views: dict[tuple, dict] = {}   # sizes -> the slices handed out (see _cached)
+        self._views: dict[tuple, dict] = {}  # sizes -> the slices handed out (see _cached)
         if self.static:
-            self.dev = {name: torch.zeros(sizes[kind], dtype=_TORCH[dtype], device=self.device)
-                        for name, (dtype, kind) in FIELDS.items()}
+            self.dev = {
+                name: torch.zeros(sizes[kind], dtype=_TORCH[dtype], device=self.device)
+                for name, (dtype, kind) in FIELDS.items()
+            }
             self.dev["block_tables"] = torch.zeros(seqs, width, dtype=torch.int32, device=self.device)
         self.generation += 1
 
@@ -190,7 +210,7 @@ class InputBuffers:
         self._set = (self._set + 1) % len(self._host)
         event = self._events[self._set]
         if event is not None and not event.query():
-            event.synchronize()      # copies issued two steps ago: done unless the GPU is far behind
+            event.synchronize()  # copies issued two steps ago: done unless the GPU is far behind
         return self._cached(("host", self._set, tokens, seqs, width), self._host_views, tokens, seqs, width)
 
     def _cached(self, key: tuple, make, *sizes) -> dict:
@@ -199,7 +219,7 @@ class InputBuffers:
         change them (the buffers behind them are rewritten every step anyway)."""
         views = self._views.get(key)
         if views is None:
-            if len(self._views) > 256:          # prefill steps come in many sizes: keep the cache small
+            if len(self._views) > 256:  # prefill steps come in many sizes: keep the cache small
                 self._views.clear()
             views = self._views[key] = make(*sizes)
         return views
@@ -207,8 +227,8 @@ class InputBuffers:
     def _host_views(self, tokens: int, seqs: int, width: int) -> dict[str, np.ndarray]:
         bufs = self._host[self._set]
         sizes = {"tokens": tokens, "seqs": seqs, "seqs+1": seqs + 1}
-        out = {name: bufs[name][1][:sizes[kind]] for name, (_, kind) in FIELDS.items()}
-        out["block_tables"] = bufs["block_tables"][1][:seqs * width].reshape(seqs, width)
+        out = {name: bufs[name][1][: sizes[kind]] for name, (_, kind) in FIELDS.items()}
+        out["block_tables"] = bufs["block_tables"][1][: seqs * width].reshape(seqs, width)
         return out
 
     def _lengths(self, tokens: int, seqs: int, num_logits: int) -> dict[str, int]:
@@ -221,7 +241,7 @@ class InputBuffers:
         """Host tensors of these sizes (what the model reads when there are no static device buffers)."""
         bufs = self._host[self._set]
         out = {name: bufs[name][0][:n] for name, n in self._lengths(tokens, seqs, num_logits).items()}
-        out["block_tables"] = bufs["block_tables"][0][:seqs * width].view(seqs, width)
+        out["block_tables"] = bufs["block_tables"][0][: seqs * width].view(seqs, width)
         return out
 
     def _device_views(self, tokens: int, seqs: int, width: int, num_logits: int) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ everything else is numpy over the whole batch. With `buffers` (testbed.executor.
 block tables come from persistent rows and the arrays are staged in reusable (pinned) host memory and
 copied to fixed device tensors without waiting for the device.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,20 +20,21 @@ class ModelInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    logits_indices: torch.Tensor        # rows of the hidden states to turn into logits
-    num_logits: list[int]               # per scheduled request: how many of those rows (0 = mid-prefill)
+    logits_indices: torch.Tensor  # rows of the hidden states to turn into logits
+    num_logits: list[int]  # per scheduled request: how many of those rows (0 = mid-prefill)
 
 
 def _tables_from_lists(block_ids_of, request_ids) -> np.ndarray:
     lists = [block_ids_of(rid) for rid in request_ids]
     table = np.zeros((len(lists), max((len(t) for t in lists), default=1) or 1), dtype=np.int32)
     for i, ids in enumerate(lists):
-        table[i, :len(ids)] = ids
+        table[i, : len(ids)] = ids
     return table
 
 
-def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, buffers=None,
-                   pad_to: int | None = None) -> ModelInputs:
+def prepare_inputs(
+    out: SchedulerOutput, block_ids_of, block_size: int, device, buffers=None, pad_to: int | None = None
+) -> ModelInputs:
     """block_ids_of(request_id) -> that request's block ids, in order (unused when `buffers` has tables).
 
     pad_to: a decode batch (one token per request) is padded to this many rows for a captured CUDA
@@ -44,22 +46,22 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
     request_ids = [r.request_id for r in requests]
     starts = [r.num_computed_tokens for r in requests]
     num_tokens = [len(r.all_token_ids) for r in requests]
-    drafted = []                                   # requests verifying speculative drafts this step
+    drafted = []  # requests verifying speculative drafts this step
     token_ids = None
-    if sum(num_new) == n:                          # one token each, e.g. decode: no per-request branching
+    if sum(num_new) == n:  # one token each, e.g. decode: no per-request branching
         try:
             token_ids = [r.all_token_ids[s] for r, s in zip(requests, starts)]
-        except IndexError:                         # a lone draft token: take the general path
+        except IndexError:  # a lone draft token: take the general path
             token_ids = None
     if token_ids is None:
         token_ids = []
         for r, s, k, length in zip(requests, starts, num_new, num_tokens):
-            token_ids += r.all_token_ids[s:s + k]
-            if s + k > length:                     # speculative drafts ride at the end
-                token_ids += r.spec_token_ids[:s + k - length]
+            token_ids += r.all_token_ids[s : s + k]
+            if s + k > length:  # speculative drafts ride at the end
+                token_ids += r.spec_token_ids[: s + k - length]
                 drafted.append(r.request_id)
     total = len(token_ids)
-    one_each = total == n and not drafted          # decode: token i is request i's, no repeats needed
+    one_each = total == n and not drafted  # decode: token i is request i's, no repeats needed
 
     start = np.array(starts, dtype=np.int64)
     new = np.array(num_new, dtype=np.int64)
@@ -76,7 +78,7 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
         tables.forget(out.finished_ids)
         rows = tables.rows(request_ids)
         if drafted and tables.changes is None:
-            tables.dirty.update(drafted)           # their block lists may be trimmed after verification
+            tables.dirty.update(drafted)  # their block lists may be trimmed after verification
         table = tables.table
     else:
         table = _tables_from_lists(block_ids_of, request_ids)
@@ -89,7 +91,7 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
     # logits wherever a next token must be sampled or a draft verified
     k = np.maximum(end - np.array(num_tokens, dtype=np.int64) + 1, 0)
     num_logits = k.tolist()
-    if one_each:                                   # k is 0 (mid-prefill) or 1: the rows with k = 1
+    if one_each:  # k is 0 (mid-prefill) or 1: the rows with k = 1
         logits_indices = np.flatnonzero(k)
     else:
         num_k = int(k.sum())
@@ -101,10 +103,15 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
         cols = min(width, table.shape[1])
         block_tables[:, :cols] = table[rows, :cols]
         as_tensor = lambda a: torch.from_numpy(a).to(device, non_blocking=True)
-        t = {"input_ids": as_tensor(np.array(token_ids, dtype=np.int64)), "positions": as_tensor(positions),
-             "slot_mapping": as_tensor(slots), "query_start_loc": as_tensor(query_start.astype(np.int32)),
-             "seq_lens": as_tensor(end.astype(np.int32)), "block_tables": as_tensor(block_tables),
-             "logits_indices": as_tensor(logits_indices)}
+        t = {
+            "input_ids": as_tensor(np.array(token_ids, dtype=np.int64)),
+            "positions": as_tensor(positions),
+            "slot_mapping": as_tensor(slots),
+            "query_start_loc": as_tensor(query_start.astype(np.int32)),
+            "seq_lens": as_tensor(end.astype(np.int32)),
+            "block_tables": as_tensor(block_tables),
+            "logits_indices": as_tensor(logits_indices),
+        }
     else:
         padded = n if pad_to is None else pad_to
         num_rows_tokens = total if pad_to is None else pad_to
@@ -114,7 +121,7 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
         h["input_ids"][:total] = token_ids
         h["positions"][:total] = positions
         h["slot_mapping"][:total] = slots
-        h["query_start_loc"][:n + 1] = query_start
+        h["query_start_loc"][: n + 1] = query_start
         h["seq_lens"][:n] = end
         h["logits_indices"][:num_k] = logits_indices
         h["block_tables"][:n] = table[rows, :width]
@@ -122,14 +129,21 @@ def prepare_inputs(out: SchedulerOutput, block_ids_of, block_size: int, device, 
             h["input_ids"][n:] = 0
             h["positions"][n:] = 0
             h["slot_mapping"][n:] = -1
-            h["query_start_loc"][n + 1:] = n
+            h["query_start_loc"][n + 1 :] = n
             h["seq_lens"][n:] = 0
             h["block_tables"][n:] = 0
         t = buffers.to_device(num_rows_tokens, padded, width, num_k)
         if padded > n:
-            t = {name: (v if name == "logits_indices" else v[:n + 1] if name == "query_start_loc" else v[:n])
-                 for name, v in t.items()}
-    meta = AttentionMetadata(slot_mapping=t["slot_mapping"], query_start_loc=t["query_start_loc"],
-                             seq_lens=t["seq_lens"], block_tables=t["block_tables"],
-                             max_query_len=max(num_new, default=0), max_seq_len=max_seq_len)
+            t = {
+                name: (v if name == "logits_indices" else v[: n + 1] if name == "query_start_loc" else v[:n])
+                for name, v in t.items()
+            }
+    meta = AttentionMetadata(
+        slot_mapping=t["slot_mapping"],
+        query_start_loc=t["query_start_loc"],
+        seq_lens=t["seq_lens"],
+        block_tables=t["block_tables"],
+        max_query_len=max(num_new, default=0),
+        max_seq_len=max_seq_len,
+    )
     return ModelInputs(t["input_ids"], t["positions"], meta, t["logits_indices"], num_logits)

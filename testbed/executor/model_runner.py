@@ -1,4 +1,5 @@
 """The real executor: owns the model and its paged KV cache, runs one scheduled step, samples."""
+
 from dataclasses import dataclass
 
 import torch
@@ -10,14 +11,16 @@ from testbed.executor.sampler import Sampler
 
 @dataclass
 class ExecutorOutput:
-    sampled: list[list[int] | None]           # per scheduled request: new tokens (None mid-prefill)
+    sampled: list[list[int] | None]  # per scheduled request: new tokens (None mid-prefill)
     logprobs: list[list[float] | None] | None
 
 
 def allocate_kv_cache(arch, num_blocks: int, block_size: int, num_layers: int, dtype, device):
     shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)]
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(num_layers)
+    ]
 
 
 def copy_kv_blocks(device_caches, host_caches, src: list[int], dst: list[int], to_host: bool) -> None:
@@ -39,9 +42,9 @@ class ModelRunner:
         self.block_ids_of = block_ids_of
         self.sampler = sampler
         self.device = device
-        self.spec = spec            # testbed.spec.Speculator, or None
-        self.input_buffers = None   # testbed.executor.host_buffers.InputBuffers (pinned staging), set by the engine
-        self.cuda_graphs = None     # testbed.executor.cuda_graphs.CudaGraphRunner: decode steps replay graphs
+        self.spec = spec  # testbed.spec.Speculator, or None
+        self.input_buffers = None  # testbed.executor.host_buffers.InputBuffers (pinned staging), set by the engine
+        self.cuda_graphs = None  # testbed.executor.cuda_graphs.CudaGraphRunner: decode steps replay graphs
         self.host_kv_caches = None  # host pool for swap preemption (same layout), set by the engine
 
     @torch.inference_mode()
@@ -49,7 +52,7 @@ class ModelRunner:
         """Swap preemption: copy KV blocks src -> dst, device -> host pool (to_host) or back, every layer."""
         copy_kv_blocks(self.kv_caches, self.host_kv_caches, src, dst, to_host)
         if self.spec is not None:
-            self.spec.copy_blocks(src, dst, to_host)     # a draft model's own KV moves with the target's
+            self.spec.copy_blocks(src, dst, to_host)  # a draft model's own KV moves with the target's
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
@@ -61,7 +64,7 @@ class ModelRunner:
         if hidden is None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if self.spec is not None:
-            self.spec.observe(inputs)          # a draft model writes its KV into the same slots
+            self.spec.observe(inputs)  # a draft model writes its KV into the same slots
         sampled: list[list[int] | None] = [None] * len(out.requests)
         logprobs = None
         rows = [i for i, k in enumerate(inputs.num_logits) if k]
@@ -72,8 +75,7 @@ class ModelRunner:
                 return ExecutorOutput(*self.spec.verify(out.requests, inputs.num_logits, logits, self.sampler))
             # one token per request here (one logits row each, in order); drafts are the speculative executor's job
             reqs = [out.requests[i] for i in rows]
-            tokens, lps = self.sampler.sample(logits, [r.request_id for r in reqs],
-                                              [r.sampling_params for r in reqs])
+            tokens, lps = self.sampler.sample(logits, [r.request_id for r in reqs], [r.sampling_params for r in reqs])
             for j, i in enumerate(rows):
                 sampled[i] = [tokens[j]]
             if lps is not None:

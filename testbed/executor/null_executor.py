@@ -5,6 +5,7 @@ ModelRunner) and then "samples" a fixed token for every request that needs one. 
 is schedule + KV-cache bookkeeping + input preparation + output handling, and nothing else.
 Select it with `EngineConfig(executor="null")` (no KV tensors are allocated).
 """
+
 from testbed.core.scheduler import SchedulerOutput
 from testbed.executor.host_buffers import InputBuffers
 from testbed.executor.inputs import prepare_inputs
@@ -22,7 +23,7 @@ class NullExecutor:
     @classmethod
     def for_engine(cls, engine) -> "NullExecutor":
         eos = set(engine.eos_token_ids)
-        token = next(t for t in range(len(eos) + 1) if t not in eos)     # never ends a request by itself
+        token = next(t for t in range(len(eos) + 1) if t not in eos)  # never ends a request by itself
         return cls(InputBuffers.for_engine(engine, static=False, device="cpu"), engine.config.block_size, token)
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:

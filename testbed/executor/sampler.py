@@ -1,4 +1,5 @@
 """Batched sampling with per-request settings: greedy, temperature, top-k, top-p, min-p, seeds, logprobs."""
+
 import torch
 
 from testbed.sampling_params import SamplingParams

@@ -1,4 +1,5 @@
 """The architecture fields the Llama-family model needs, read from a Hugging Face config dict."""
+
 from dataclasses import dataclass, field
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -17,10 +18,10 @@ class ModelArch:
     rms_norm_eps: float
     max_position_embeddings: int
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None           # llama3: factor, low/high_freq_factor, original_max_position_embeddings
+    rope_scaling: dict | None = None  # llama3: factor, low/high_freq_factor, original_max_position_embeddings
     tie_word_embeddings: bool = False
-    attention_bias: bool = False               # qwen2 has q/k/v biases
-    qk_norm: bool = False                      # qwen3 normalises q and k per head
+    attention_bias: bool = False  # qwen2 has q/k/v biases
+    qk_norm: bool = False  # qwen3 normalises q and k per head
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
 

@@ -3,6 +3,7 @@
 Every op with a kernel goes through `ops` (a KernelBackend), so `kernel=torch|triton` swaps them all.
 Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj (see weights.py).
 """
+
 import torch
 from torch import nn
 
@@ -24,14 +25,17 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (arch.num_attention_heads, arch.num_key_value_heads,
-                                                            arch.head_dim)
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.head_dim,
+        )
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
         self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.ops = ops
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, cos_sin):
@@ -98,8 +102,14 @@ class LlamaForCausalLM(nn.Module):
     def build_rope_cache(self):
         """Called once after the weights land on their device and dtype."""
         weight = self.model.embed_tokens.weight
-        self.cos_sin = cos_sin_cache(self.arch.head_dim, self.max_positions, self.arch.rope_theta,
-                                     self.arch.rope_scaling, weight.dtype, weight.device)
+        self.cos_sin = cos_sin_cache(
+            self.arch.head_dim,
+            self.max_positions,
+            self.arch.rope_theta,
+            self.arch.rope_scaling,
+            weight.dtype,
+            weight.device,
+        )
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, num_layers: int | None = None):
         """Hidden states after the final norm; `num_layers` runs only the first L layers (self-speculation)."""

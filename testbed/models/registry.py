@@ -3,6 +3,7 @@
 A name is a built-in real model (`smollm2-135m`), a shape-only config in conf/model/ (random weights),
 or a path to a Hugging Face model folder.
 """
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ BUILTIN = {"smollm2-135m": ensure_smollm2_folder}
 class ResolvedModel:
     name: str
     hf_config: dict
-    weights_folder: Path | None      # None = seeded random weights
+    weights_folder: Path | None  # None = seeded random weights
     tokenizer_folder: Path | None
 
 
@@ -51,5 +52,4 @@ def resolve_model(name: str) -> ResolvedModel:
         has_tokenizer = any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
         return ResolvedModel(path.name, json.loads(config_file.read_text()), path, path if has_tokenizer else None)
     known = sorted(set(BUILTIN) | set(shapes))
-    raise ValueError(f"unknown model {name!r}: not a built-in or conf/model name ({', '.join(known)}) "
-                     f"and not a folder")
+    raise ValueError(f"unknown model {name!r}: not a built-in or conf/model name ({', '.join(known)}) and not a folder")

@@ -1,4 +1,5 @@
 """Rotary position tables (default and llama3 frequency scaling)."""
+
 import math
 
 import torch
@@ -22,8 +23,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
     return torch.where(is_medium, blended, out)
 
 
-def cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict | None,
-                  dtype: torch.dtype, device) -> torch.Tensor:
+def cos_sin_cache(
+    head_dim: int, max_positions: int, theta: float, scaling: dict | None, dtype: torch.dtype, device
+) -> torch.Tensor:
     """[max_positions, head_dim]: cos in the first half, sin in the second (computed in fp32 like HF)."""
     inv_freq = inverse_frequencies(head_dim, theta, scaling)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)

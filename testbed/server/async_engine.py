@@ -10,9 +10,11 @@ their way to it); beyond that `add_request` raises QueueFullError (the server an
 A consumer that goes away aborts its request (`RequestStream.abort()`), which frees its KV blocks on
 the stepping thread's next turn.
 """
+
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -78,10 +80,10 @@ class RequestStream:
         self.request_id = request_id
         self._owner = owner
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.finished = False            # set on the event loop when the finished output is delivered
+        self.finished = False  # set on the event loop when the finished output is delivered
         self.aborted = False
 
-    def _put(self, item) -> None:       # event-loop thread
+    def _put(self, item) -> None:  # event-loop thread
         if isinstance(item, RequestOutput) and item.finished or isinstance(item, BaseException):
             self.finished = True
         self._queue.put_nowait(item)
@@ -118,10 +120,10 @@ class AsyncEngine:
         self.metrics = metrics or ServerMetrics(engine.model_name)
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._pending_adds = 0           # handed over, not yet in the engine (guarded by _lock)
-        self._num_waiting = 0            # the engine's waiting queue after the last step (stepping thread writes)
-        self._live: dict[str, RequestStream] = {}     # stepping thread only
-        self._first_token_seen: set[str] = set()      # stepping thread only
+        self._pending_adds = 0  # handed over, not yet in the engine (guarded by _lock)
+        self._num_waiting = 0  # the engine's waiting queue after the last step (stepping thread writes)
+        self._live: dict[str, RequestStream] = {}  # stepping thread only
+        self._first_token_seen: set[str] = set()  # stepping thread only
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
@@ -179,8 +181,14 @@ class AsyncEngine:
         # reads only fixed sizes (context, vocabulary, block count), so it is safe off the stepping thread
         self.engine.validate(prompt_token_ids, params)
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> RequestStream:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> RequestStream:
         """Validate (ValueError), admit (QueueFullError / ShuttingDownError) and hand over a request."""
         if self.draining or not self.is_alive:
             self.metrics.rejected("shutting_down")
@@ -191,19 +199,30 @@ class AsyncEngine:
             waiting = self._num_waiting + self._pending_adds
             if waiting >= self.max_waiting:
                 self.metrics.rejected("queue_full")
-                raise QueueFullError(f"{waiting} requests are waiting (max_waiting={self.max_waiting}); "
-                                     f"retry later")
+                raise QueueFullError(f"{waiting} requests are waiting (max_waiting={self.max_waiting}); retry later")
             self._pending_adds += 1
         stream = RequestStream(request_id, self)
-        self._cmds.put(_Add(stream, list(prompt_token_ids), params,
-                            self.engine.clock() if arrival_time is None else arrival_time, priority))
+        self._cmds.put(
+            _Add(
+                stream,
+                list(prompt_token_ids),
+                params,
+                self.engine.clock() if arrival_time is None else arrival_time,
+                priority,
+            )
+        )
         return stream
 
     def abort(self, request_id: str) -> None:
         self._cmds.put(_Abort(request_id))
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       arrival_time: float | None = None):
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ):
         """Async iterator of RequestOutputs; leaving it early aborts the request."""
         stream = self.add_request(prompt_token_ids, params, request_id, arrival_time)
         try:
@@ -223,10 +242,9 @@ class AsyncEngine:
         def put_all():
             for stream, item in batch:
                 stream._put(item)
-        try:
+
+        with contextlib.suppress(RuntimeError):  # the loop closed under us at shutdown
             loop.call_soon_threadsafe(put_all)
-        except RuntimeError:             # loop closed under us at shutdown
-            pass
 
     def _handle(self, cmd, batch: list) -> bool:
         """Apply one command; False for _Stop."""
@@ -235,7 +253,7 @@ class AsyncEngine:
             rid = cmd.stream.request_id
             try:
                 engine.add_request(rid, cmd.prompt_token_ids, cmd.params, cmd.arrival_time, cmd.priority)
-            except Exception as e:      # validated already; duplicates and the like land here
+            except Exception as e:  # validated already; duplicates and the like land here
                 batch.append((cmd.stream, ValueError(str(e)) if isinstance(e, ValueError) else EngineError(str(e))))
             else:
                 self._live[rid] = cmd.stream
@@ -256,8 +274,9 @@ class AsyncEngine:
 
     def _on_output(self, out: RequestOutput, stream: RequestStream | None, batch: list) -> None:
         rid = out.request_id
-        first = rid not in self._first_token_seen and out.metrics is not None \
-            and out.metrics.first_token_time is not None
+        first = (
+            rid not in self._first_token_seen and out.metrics is not None and out.metrics.first_token_time is not None
+        )
         if first:
             self._first_token_seen.add(rid)
         self.metrics.on_output(out, first)
@@ -278,7 +297,7 @@ class AsyncEngine:
         for rid, stream in list(self._live.items()):
             try:
                 out = self.engine.abort(rid)
-            except Exception:            # a broken engine must not keep streams hanging
+            except Exception:  # a broken engine must not keep streams hanging
                 logger.exception("abort of %s failed", rid)
                 out = None
             if error is not None:
@@ -311,7 +330,7 @@ class AsyncEngine:
                     for out in engine.step():
                         self._on_output(out, self._live.get(out.request_id), batch)
                     self.num_steps += 1
-            except Exception as e:       # keep serving: fail what was in flight, report it
+            except Exception as e:  # keep serving: fail what was in flight, report it
                 logger.exception("engine step failed; aborting %d in-flight requests", len(self._live))
                 self.last_error = e
                 self._abort_all(e, batch)

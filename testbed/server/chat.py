@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: messages through the model's chat template, the reply whole or streamed."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -14,27 +15,53 @@ from testbed.server.text_deltas import text_deltas
 
 
 def chat_body(model: ServedModel, a: Admitted, c: CompletionOutput) -> dict:
-    lp = chat_logprobs(model.tokenizer, c.token_ids, c.logprobs or [], a.req.top_logprobs or 0) \
-        if a.req.logprobs else None
-    return P.chat_response(a.rid, a.created, model.name, c.text, c.finish_reason, lp,
-                           P.usage(len(a.prompt_ids), len(c.token_ids)), c.stop_reason)
+    lp = (
+        chat_logprobs(model.tokenizer, c.token_ids, c.logprobs or [], a.req.top_logprobs or 0)
+        if a.req.logprobs
+        else None
+    )
+    return P.chat_response(
+        a.rid,
+        a.created,
+        model.name,
+        c.text,
+        c.finish_reason,
+        lp,
+        P.usage(len(a.prompt_ids), len(c.token_ids)),
+        c.stop_reason,
+    )
 
 
 async def chat_chunks(model: ServedModel, a: Admitted):
     req, n_prompt = a.req, len(a.prompt_ids)
     # OpenAI's first chunk carries the role alone
-    yield P.chat_chunk(a.rid, a.created, model.name, {"role": "assistant", "content": ""}, None,
-                       usage_=P.usage(n_prompt, 0) if req.continuous_usage else None)
+    yield P.chat_chunk(
+        a.rid,
+        a.created,
+        model.name,
+        {"role": "assistant", "content": ""},
+        None,
+        usage_=P.usage(n_prompt, 0) if req.continuous_usage else None,
+    )
     async for out, text, new, lps in text_deltas(model.tokenizer, a.params, a.stream):
         c = out.outputs[0]
         lp = chat_logprobs(model.tokenizer, new, lps, req.top_logprobs or 0) if req.logprobs else None
         u = P.usage(n_prompt, len(c.token_ids)) if req.continuous_usage else None
         delta = {"content": text} if (text or not out.finished) else {}
-        yield P.chat_chunk(a.rid, a.created, model.name, delta, c.finish_reason if out.finished else None,
-                           lp, u, c.stop_reason if out.finished else None)
+        yield P.chat_chunk(
+            a.rid,
+            a.created,
+            model.name,
+            delta,
+            c.finish_reason if out.finished else None,
+            lp,
+            u,
+            c.stop_reason if out.finished else None,
+        )
         if out.finished and req.include_usage:
-            yield P.usage_chunk(a.rid, a.created, model.name, "chat.completion.chunk",
-                                P.usage(n_prompt, len(c.token_ids)))
+            yield P.usage_chunk(
+                a.rid, a.created, model.name, "chat.completion.chunk", P.usage(n_prompt, len(c.token_ids))
+            )
 
 
 def chat_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRouter:
@@ -44,4 +71,5 @@ def chat_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRouter:
     async def chat_completions(request: Request):
         a = await admit_request(request, P.ChatCompletionRequest, chat_prompt_ids, "chatcmpl", model, async_engine)
         return await answer(request, a, lambda: chat_chunks(model, a), lambda c: chat_body(model, a, c))
+
     return router

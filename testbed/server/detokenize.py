@@ -11,6 +11,7 @@ forming is never sent; since the engine ends a request as soon as a stop string 
 sent is a prefix of the final text. `finish(final_text)` returns the rest, so the deltas always
 concatenate to exactly the non-streamed text.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,10 +27,10 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.token_ids: list[int] = []
-        self.prefix_offset = 0          # start of the decode window
-        self.read_offset = 0            # tokens before this are already in self.text
-        self.text = ""                  # decoded so far (complete characters only)
-        self.sent = 0                   # characters of self.text already handed out
+        self.prefix_offset = 0  # start of the decode window
+        self.read_offset = 0  # tokens before this are already in self.text
+        self.text = ""  # decoded so far (complete characters only)
+        self.sent = 0  # characters of self.text already handed out
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -43,16 +44,16 @@ class IncrementalDetokenizer:
             return ""
         for token in new_token_ids:
             self.token_ids.append(token)
-            prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
-            new_text = self._decode(self.token_ids[self.prefix_offset:])
+            prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+            new_text = self._decode(self.token_ids[self.prefix_offset :])
             if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
-                self.text += new_text[len(prefix_text):]
+                self.text += new_text[len(prefix_text) :]
                 self.prefix_offset = self.read_offset
                 self.read_offset = len(self.token_ids)
         upto = len(self.text) - self.holdback
         if not emit or upto <= self.sent:
             return ""
-        delta = self.text[self.sent:upto]
+        delta = self.text[self.sent : upto]
         self.sent = upto
         return delta
 
@@ -60,13 +61,13 @@ class IncrementalDetokenizer:
         """The remaining text once the engine gives the final text (None/"" without a tokenizer)."""
         if self.tokenizer is None or final_text is None:
             return ""
-        sent = self.text[:self.sent]
+        sent = self.text[: self.sent]
         if not final_text.startswith(sent):
             # should not happen (see the module docstring); never resend what the client already has
             logger.warning("streamed text %r is not a prefix of the final text %r", sent[-40:], final_text[-40:])
-            return final_text[self.sent:] if len(final_text) > self.sent else ""
+            return final_text[self.sent :] if len(final_text) > self.sent else ""
         self.sent = len(final_text)
-        return final_text[len(sent):]
+        return final_text[len(sent) :]
 
 
 def token_strings(tokenizer, token_ids: list[int]) -> list[str]:

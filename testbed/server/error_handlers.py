@@ -1,4 +1,5 @@
 """Every error as an OpenAI-style body: our APIErrors, FastAPI's own (404, 405, validation) and crashes."""
+
 from __future__ import annotations
 
 import logging
@@ -21,11 +22,15 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
-        message = {404: f"no route {request.method} {request.url.path}",
-                   405: f"method {request.method} not allowed on {request.url.path}"}.get(exc.status_code,
-                                                                                        str(exc.detail))
-        return JSONResponse(P.error_body(message, "invalid_request_error", code=str(exc.status_code)),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        message = {
+            404: f"no route {request.method} {request.url.path}",
+            405: f"method {request.method} not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
+        return JSONResponse(
+            P.error_body(message, "invalid_request_error", code=str(exc.status_code)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc: RequestValidationError):

@@ -1,5 +1,6 @@
 """Sampled-token logprobs in OpenAI's two shapes: completions (parallel lists) and chat (one entry a token).
 The engine keeps only the sampled token's logprob, so top_logprobs holds that token alone."""
+
 from __future__ import annotations
 
 from testbed.server.detokenize import token_strings
@@ -11,8 +12,12 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], 
     for s in strings:
         text_offset.append(pos)
         pos += len(s)
-    return {"tokens": strings, "token_logprobs": list(logprobs),
-            "top_logprobs": [{s: lp} for s, lp in zip(strings, logprobs)], "text_offset": text_offset}
+    return {
+        "tokens": strings,
+        "token_logprobs": list(logprobs),
+        "top_logprobs": [{s: lp} for s, lp in zip(strings, logprobs)],
+        "text_offset": text_offset,
+    }
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], top: int) -> dict:

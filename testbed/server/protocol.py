@@ -5,6 +5,7 @@ out of range is an OpenAI-style error body with HTTP 400, built by `error_body`.
 Extensions beyond OpenAI's names, as vLLM spells them: top_k, min_p, ignore_eos, stop_token_ids,
 stream_options.continuous_usage_stats (usage on every streamed chunk).
 """
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,14 @@ from testbed.sampling_params import SamplingParams
 class APIError(Exception):
     """An error the server answers with an OpenAI-style body."""
 
-    def __init__(self, message: str, status_code: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message, self.status_code, self.type, self.param, self.code = message, status_code, type, param, code
 
@@ -28,8 +35,9 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -53,11 +61,12 @@ def random_id(prefix: str) -> str:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
-    continuous_usage_stats: bool = False      # vLLM extension: usage on every chunk
+    continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
 
 
 class _SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
+
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     model: str
@@ -69,7 +78,7 @@ class _SamplingFields(BaseModel):
     n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = Field(default=None, ge=-2 ** 63, le=2 ** 64 - 1)     # torch.Generator's range
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # torch.Generator's range
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -77,7 +86,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    priority: int = Field(default=0, ge=-2 ** 63, le=2 ** 63 - 1)   # vLLM extension (policy-dependent)
+    priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)  # vLLM extension (policy-dependent)
 
     @model_validator(mode="after")
     def _unsupported(self):
@@ -137,8 +146,12 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _prompt(self):
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (str, list)) \
-                and len(self.prompt) != 1:
+        if (
+            isinstance(self.prompt, list)
+            and self.prompt
+            and isinstance(self.prompt[0], (str, list))
+            and len(self.prompt) != 1
+        ):
             raise ValueError(f"a batch of {len(self.prompt)} prompts is not supported: send one prompt")
         if self.echo:
             raise ValueError("echo is not supported")
@@ -155,7 +168,7 @@ class CompletionRequest(_SamplingFields):
         return p
 
     def default_max_tokens(self) -> int | None:
-        return 16            # OpenAI's default for completions
+        return 16  # OpenAI's default for completions
 
     def _logprobs(self) -> int | None:
         return self.logprobs
@@ -186,7 +199,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    add_generation_prompt: bool = True       # vLLM extension
+    add_generation_prompt: bool = True  # vLLM extension
     tools: Any = None
 
     @model_validator(mode="after")
@@ -209,47 +222,105 @@ class ChatCompletionRequest(_SamplingFields):
 
 # ---- responses ------------------------------------------------------------------------------------
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def now_s() -> int:
     return int(time.time())
 
 
-def _body(rid: str, created: int, model: str, obj: str, content: dict, logprobs: dict | None,
-          finish_reason: str | None, stop_reason, usage_: dict | None) -> dict:
+def _body(
+    rid: str,
+    created: int,
+    model: str,
+    obj: str,
+    content: dict,
+    logprobs: dict | None,
+    finish_reason: str | None,
+    stop_reason,
+    usage_: dict | None,
+) -> dict:
     """What every completion body and chunk shares: the envelope and one choice; usage only when given."""
-    body = {"id": rid, "object": obj, "created": created, "model": model,
-            "choices": [{"index": 0, **content, "logprobs": logprobs, "finish_reason": finish_reason,
-                         "stop_reason": stop_reason}]}
+    body = {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, **content, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        ],
+    }
     if usage_ is not None:
         body["usage"] = usage_
     return body
 
 
-def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                        logprobs: dict | None, usage_: dict, stop_reason=None) -> dict:
-    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason,
-                 usage_)
+def completion_response(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict | None,
+    usage_: dict,
+    stop_reason=None,
+) -> dict:
+    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason, usage_)
 
 
-def completion_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                     logprobs: dict | None = None, usage_: dict | None = None, stop_reason=None) -> dict:
-    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason,
-                 usage_)
+def completion_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict | None = None,
+    usage_: dict | None = None,
+    stop_reason=None,
+) -> dict:
+    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason, usage_)
 
 
-def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                  logprobs: dict | None, usage_: dict, stop_reason=None) -> dict:
-    return _body(rid, created, model, "chat.completion", {"message": {"role": "assistant", "content": text}},
-                 logprobs, finish_reason, stop_reason, usage_)
+def chat_response(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict | None,
+    usage_: dict,
+    stop_reason=None,
+) -> dict:
+    return _body(
+        rid,
+        created,
+        model,
+        "chat.completion",
+        {"message": {"role": "assistant", "content": text}},
+        logprobs,
+        finish_reason,
+        stop_reason,
+        usage_,
+    )
 
 
-def chat_chunk(rid: str, created: int, model: str, delta: dict, finish_reason: str | None,
-               logprobs: dict | None = None, usage_: dict | None = None, stop_reason=None) -> dict:
-    return _body(rid, created, model, "chat.completion.chunk", {"delta": delta}, logprobs, finish_reason,
-                 stop_reason, usage_)
+def chat_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    delta: dict,
+    finish_reason: str | None,
+    logprobs: dict | None = None,
+    usage_: dict | None = None,
+    stop_reason=None,
+) -> dict:
+    return _body(
+        rid, created, model, "chat.completion.chunk", {"delta": delta}, logprobs, finish_reason, stop_reason, usage_
+    )
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, usage_: dict) -> dict:
@@ -257,6 +328,13 @@ def usage_chunk(rid: str, created: int, model: str, obj: str, usage_: dict) -> d
 
 
 def model_list(model: str, created: int, max_model_len: int, vocab_size: int | None = None) -> dict:
-    card = {"id": model, "object": "model", "created": created, "owned_by": "testbed", "root": model,
-            "max_model_len": max_model_len, "vocab_size": vocab_size}   # the last two: for trace replay
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "testbed",
+        "root": model,
+        "max_model_len": max_model_len,
+        "vocab_size": vocab_size,
+    }  # the last two: for trace replay
     return {"object": "list", "data": [card]}

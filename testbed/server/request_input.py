@@ -1,5 +1,6 @@
 """From an HTTP request to an engine request: JSON body -> validated OpenAI request -> prompt token ids
 and SamplingParams -> admitted RequestStream. Every refusal is an APIError (an OpenAI-style error body)."""
+
 from __future__ import annotations
 
 import json
@@ -26,16 +27,21 @@ async def parse_request(request: Request, model_cls, model: ServedModel):
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise P.APIError(f"malformed JSON body: {e}", 400, code="invalid_json")
+        raise P.APIError(f"malformed JSON body: {e}", 400, code="invalid_json") from e
     if not isinstance(data, dict):
         raise P.APIError(f"the body must be a JSON object, got {type(data).__name__}", 400)
     try:
         req = model_cls.model_validate(data)
     except ValidationError as e:
-        raise P.validation_error_to_api_error(e)
+        raise P.validation_error_to_api_error(e) from e
     if req.model != model.name:
-        raise P.APIError(f"The model `{req.model}` does not exist (this server serves `{model.name}`).",
-                         404, "invalid_request_error", "model", "model_not_found")
+        raise P.APIError(
+            f"The model `{req.model}` does not exist (this server serves `{model.name}`).",
+            404,
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
     return req
 
 
@@ -43,7 +49,7 @@ def sampling_params(req) -> SamplingParams:
     try:
         return req.to_sampling_params()
     except ValueError as e:
-        raise P.APIError(str(e), 400, param=None, code="invalid_value")
+        raise P.APIError(str(e), 400, param=None, code="invalid_value") from e
 
 
 def completion_prompt_ids(req: P.CompletionRequest, model: ServedModel) -> list[int]:
@@ -51,8 +57,9 @@ def completion_prompt_ids(req: P.CompletionRequest, model: ServedModel) -> list[
     if not isinstance(prompt, str):
         return list(prompt)
     if model.tokenizer is None:
-        raise P.APIError(f"model `{model.name}` has no tokenizer: send the prompt as a list of token ids",
-                         400, param="prompt")
+        raise P.APIError(
+            f"model `{model.name}` has no tokenizer: send the prompt as a list of token ids", 400, param="prompt"
+        )
     return model.tokenizer.encode(prompt)
 
 
@@ -61,17 +68,19 @@ def chat_prompt_ids(req: P.ChatCompletionRequest, model: ServedModel) -> list[in
     if tok is None or not getattr(tok, "chat_template", None):
         raise P.APIError(f"model `{model.name}` has no chat template", 400, param="messages")
     try:
-        text = tok.apply_chat_template(req.conversation(), add_generation_prompt=req.add_generation_prompt,
-                                       tokenize=False)
-    except Exception as e:           # template errors (e.g. a role it rejects) are the caller's
-        raise P.APIError(f"the chat template rejected the messages: {e}", 400, param="messages")
+        text = tok.apply_chat_template(
+            req.conversation(), add_generation_prompt=req.add_generation_prompt, tokenize=False
+        )
+    except Exception as e:  # template errors (e.g. a role it rejects) are the caller's
+        raise P.APIError(f"the chat template rejected the messages: {e}", 400, param="messages") from e
     return tok.encode(text, add_special_tokens=False)
 
 
 @dataclass
 class Admitted:
     """A request the engine has taken: what answering it needs."""
-    req: Any                       # the validated protocol request
+
+    req: Any  # the validated protocol request
     params: SamplingParams
     prompt_ids: list[int]
     rid: str
@@ -79,9 +88,15 @@ class Admitted:
     stream: RequestStream
 
 
-async def admit_request(request: Request, model_cls, prompt_ids_of: Callable[[Any, ServedModel], list[int]],
-                        id_prefix: str, model: ServedModel, async_engine: AsyncEngine) -> Admitted:
-    arrival = async_engine.engine.clock()        # TTFT includes parsing and tokenizing
+async def admit_request(
+    request: Request,
+    model_cls,
+    prompt_ids_of: Callable[[Any, ServedModel], list[int]],
+    id_prefix: str,
+    model: ServedModel,
+    async_engine: AsyncEngine,
+) -> Admitted:
+    arrival = async_engine.engine.clock()  # TTFT includes parsing and tokenizing
     req = await parse_request(request, model_cls, model)
     params = sampling_params(req)
     prompt_ids = prompt_ids_of(req, model)
@@ -90,20 +105,30 @@ async def admit_request(request: Request, model_cls, prompt_ids_of: Callable[[An
     return Admitted(req, params, prompt_ids, rid, created, stream)
 
 
-def _add_to_engine(async_engine: AsyncEngine, model: ServedModel, prompt_ids: list[int], params: SamplingParams,
-                   rid: str, arrival: float, priority: int = 0) -> RequestStream:
+def _add_to_engine(
+    async_engine: AsyncEngine,
+    model: ServedModel,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    rid: str,
+    arrival: float,
+    priority: int = 0,
+) -> RequestStream:
     n, max_len = len(prompt_ids), model.max_model_len
     if params.max_tokens is not None and n + params.max_tokens > max_len:
-        raise P.APIError(f"This model's maximum context length is {max_len} tokens. However, you "
-                         f"requested {n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} "
-                         f"in the completion). Please reduce the prompt or max_tokens.", 400,
-                         param="prompt" if n >= max_len else "max_tokens",
-                         code="context_length_exceeded")
+        raise P.APIError(
+            f"This model's maximum context length is {max_len} tokens. However, you "
+            f"requested {n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} "
+            f"in the completion). Please reduce the prompt or max_tokens.",
+            400,
+            param="prompt" if n >= max_len else "max_tokens",
+            code="context_length_exceeded",
+        )
     try:
         return async_engine.add_request(prompt_ids, params, rid, arrival, priority)
     except ValueError as e:
-        raise P.APIError(str(e), 400, param="prompt", code="invalid_prompt")
+        raise P.APIError(str(e), 400, param="prompt", code="invalid_prompt") from e
     except QueueFullError as e:
-        raise P.APIError(str(e), 503, "service_unavailable_error", code="queue_full")
+        raise P.APIError(str(e), 503, "service_unavailable_error", code="queue_full") from e
     except ShuttingDownError as e:
-        raise P.APIError(str(e), 503, "service_unavailable_error", code="shutting_down")
+        raise P.APIError(str(e), 503, "service_unavailable_error", code="shutting_down") from e

@@ -1,5 +1,6 @@
 """Answering an admitted request: as server-sent events (stream: true) or, once it has finished, as one
 JSON body. A client that leaves early has its request aborted either way."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,11 +24,13 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def final_output(stream: RequestStream, request: Request):
     """The finished output, or None if the client went away (the request is then aborted)."""
+
     async def drain():
         last = None
         async for out in stream:
             last = out
         return last
+
     consumer = asyncio.ensure_future(drain())
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -41,12 +44,16 @@ async def final_output(stream: RequestStream, request: Request):
         stream.abort()
 
 
-async def answer(request: Request, admitted: Admitted, chunks: Callable[[], AsyncIterator[dict]],
-                 body: Callable[[CompletionOutput], dict]):
+async def answer(
+    request: Request,
+    admitted: Admitted,
+    chunks: Callable[[], AsyncIterator[dict]],
+    body: Callable[[CompletionOutput], dict],
+):
     """stream: true: the events of chunks(); otherwise body(the finished completion) as JSON."""
     if admitted.req.stream:
         return SSEResponse(event_stream(chunks()), admitted.stream.abort)
     out = await final_output(admitted.stream, request)
     if out is None:
-        return Response(status_code=499)     # the client closed the connection (nginx's code)
+        return Response(status_code=499)  # the client closed the connection (nginx's code)
     return JSONResponse(body(out.outputs[0]))

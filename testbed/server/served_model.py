@@ -1,4 +1,5 @@
 """What the server says about the model it serves: its name, context length, vocabulary and tokenizer."""
+
 from __future__ import annotations
 
 import copy
@@ -17,7 +18,7 @@ def _own_copy(tokenizer):
         return None
     try:
         return copy.deepcopy(tokenizer)
-    except Exception:                    # not copyable: share it (plain encode/decode do not mutate it)
+    except Exception:  # not copyable: share it (plain encode/decode do not mutate it)
         logger.warning("could not copy the tokenizer; sharing the engine's")
         return tokenizer
 

@@ -1,4 +1,5 @@
 """An in-process server on a free loopback port, in a background thread (tests, notebooks)."""
+
 from __future__ import annotations
 
 import signal
@@ -13,8 +14,8 @@ from testbed.server.uvicorn_server import make_server
 class ServerThread:
     """Starts on entering, stops on leaving as SIGTERM would:
 
-        with ServerThread(engine, api_key="k") as srv:
-            openai.OpenAI(base_url=srv.url + "/v1", api_key="k")...
+    with ServerThread(engine, api_key="k") as srv:
+        openai.OpenAI(base_url=srv.url + "/v1", api_key="k")...
     """
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, **settings):
@@ -27,8 +28,9 @@ class ServerThread:
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
-                                        name="uvicorn", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, name="uvicorn", daemon=True
+        )
 
     def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread.start()

@@ -1,4 +1,5 @@
 """ServerSettings: the `server:` config group (conf/server/default.yaml), checked once at startup."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -10,9 +11,9 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
-    max_waiting: int = 1024             # waiting requests beyond this get 503
-    graceful_timeout_s: float = 30.0    # on SIGTERM: wait this long for in-flight requests, then abort them
-    served_model_name: str | None = None   # None: the engine's (= the config's) model name
+    max_waiting: int = 1024  # waiting requests beyond this get 503
+    graceful_timeout_s: float = 30.0  # on SIGTERM: wait this long for in-flight requests, then abort them
+    served_model_name: str | None = None  # None: the engine's (= the config's) model name
     log_level: str = "info"
     access_log: bool = False
 
@@ -22,9 +23,10 @@ class ServerSettings:
         if cfg is not None:
             try:
                 from omegaconf import DictConfig, OmegaConf
+
                 if isinstance(cfg, DictConfig):
                     cfg = OmegaConf.to_container(cfg, resolve=True)
-            except ImportError:        # pragma: no cover
+            except ImportError:  # pragma: no cover
                 pass
             values.update(dict(cfg))
         values.update(overrides)

@@ -1,4 +1,5 @@
 """Server-sent events in OpenAI's streaming format: `data: <json>` per chunk, then `data: [DONE]`."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ class SSEResponse(StreamingResponse):
     generator never starts and its `finally` never runs."""
 
     def __init__(self, content, on_close, **kwargs):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kwargs)
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            **kwargs,
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:

@@ -1,5 +1,6 @@
 """A request's engine outputs as streaming deltas: the text each output adds, its new tokens and their
 logprobs. The deltas concatenate to exactly the non-streamed text (see detokenize.py)."""
+
 from __future__ import annotations
 
 from testbed.sampling_params import SamplingParams
@@ -16,5 +17,5 @@ async def text_deltas(tokenizer, params: SamplingParams, stream: RequestStream):
         text = detok.add(new, emit=not out.finished)
         if out.finished:
             text += detok.finish(c.text)
-        lps = c.logprobs[len(c.token_ids) - len(new):] if (c.logprobs is not None and new) else []
+        lps = c.logprobs[len(c.token_ids) - len(new) :] if (c.logprobs is not None and new) else []
         yield out, text, new, lps

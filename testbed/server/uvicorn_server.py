@@ -1,5 +1,6 @@
 """Running the app under uvicorn, with a graceful SIGTERM/SIGINT: stop accepting, let in-flight requests
 finish (up to server.graceful_timeout_s), then abort what is left, stop the stepping thread and return."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,12 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         if not self.async_engine.draining:
-            logger.info("signal %s: draining %d in-flight requests (up to %ss)", sig,
-                        self.async_engine.num_in_flight, self.graceful_timeout_s)
+            logger.info(
+                "signal %s: draining %d in-flight requests (up to %ss)",
+                sig,
+                self.async_engine.num_in_flight,
+                self.graceful_timeout_s,
+            )
             self.async_engine.begin_drain()
             # past the grace period, end what is left properly (finish_reason "abort", then [DONE]);
             # uvicorn's own timeout, a little later, is the backstop that cuts connections
@@ -55,12 +60,20 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(engine, settings: ServerSettings) -> tuple[DrainingServer, AsyncEngine]:
-    async_engine = AsyncEngine(engine, settings.max_waiting, ServerMetrics(settings.served_model_name
-                                                                           or engine.model_name))
+    async_engine = AsyncEngine(
+        engine, settings.max_waiting, ServerMetrics(settings.served_model_name or engine.model_name)
+    )
     app = build_app(async_engine, settings)
-    config = uvicorn.Config(app, host=settings.host, port=int(settings.port), log_level=settings.log_level,
-                            access_log=settings.access_log, lifespan="on", timeout_keep_alive=30,
-                            timeout_graceful_shutdown=math.ceil(settings.graceful_timeout_s) + 5)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=int(settings.port),
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        lifespan="on",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=math.ceil(settings.graceful_timeout_s) + 5,
+    )
     return DrainingServer(config, async_engine, settings.graceful_timeout_s), async_engine
 
 
@@ -68,8 +81,17 @@ def serve(engine, server_cfg: Any = None, **overrides) -> dict:
     """Serve `engine` until SIGTERM/SIGINT; returns a small summary. Used by `run.py mode=serve`."""
     settings = ServerSettings.from_cfg(server_cfg, **overrides)
     server, async_engine = make_server(engine, settings)
-    logger.info("serving %s on http://%s:%s (api key %s)", settings.served_model_name or engine.model_name,
-                settings.host, settings.port, "required" if settings.api_key else "off")
+    logger.info(
+        "serving %s on http://%s:%s (api key %s)",
+        settings.served_model_name or engine.model_name,
+        settings.host,
+        settings.port,
+        "required" if settings.api_key else "off",
+    )
     server.run()
-    return {"mode": "serve", "model": settings.served_model_name or engine.model_name,
-            "num_finished": async_engine.num_finished, "num_steps": async_engine.num_steps}
+    return {
+        "mode": "serve",
+        "model": settings.served_model_name or engine.model_name,
+        "num_finished": async_engine.num_finished,
+        "num_steps": async_engine.num_steps,
+    }

@@ -1,4 +1,5 @@
 """The proposer interface: every method turns decode-ready requests into k drafts each."""
+
 import torch
 
 from testbed.request import Request
@@ -9,8 +10,9 @@ class Proposer:
     and how many drafts each may take; it returns (drafts, draft probabilities or None) per request.
     Probabilities [len(drafts), vocab] are q for rejection sampling; None means a deterministic
     proposal (q = one-hot), which is also what greedy requests need."""
+
     name = "base"
-    extra_target_kv_blocks = 0      # scratch blocks the target's KV tensors must carry (layerskip)
+    extra_target_kv_blocks = 0  # scratch blocks the target's KV tensors must carry (layerskip)
 
     def attach(self, engine, target_kv_caches, sampler) -> None:
         """Called once the engine's KV tensors and sampler exist."""

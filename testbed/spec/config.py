@@ -1,4 +1,5 @@
 """Speculative decoding settings, spelled as vLLM's `speculative_config` dict."""
+
 from dataclasses import dataclass, fields
 
 METHODS = ("none", "ngram", "draft", "layerskip")
@@ -7,12 +8,12 @@ _ALIASES = {"draft_model": "draft", "prompt_lookup": "ngram", "[ngram]": "ngram"
 
 @dataclass
 class SpeculativeConfig:
-    method: str = "none"                 # none | ngram | draft | layerskip
-    num_speculative_tokens: int = 4      # k: drafts proposed per request per step
-    prompt_lookup_max: int = 3           # ngram: longest suffix n-gram matched
-    prompt_lookup_min: int = 1           # ngram: shortest suffix n-gram matched
-    model: str | None = None             # draft: model name sharing the target's vocabulary
-    num_layers: int | None = None        # layerskip: the target's first L layers; draft: keep only L layers
+    method: str = "none"  # none | ngram | draft | layerskip
+    num_speculative_tokens: int = 4  # k: drafts proposed per request per step
+    prompt_lookup_max: int = 3  # ngram: longest suffix n-gram matched
+    prompt_lookup_min: int = 1  # ngram: shortest suffix n-gram matched
+    model: str | None = None  # draft: model name sharing the target's vocabulary
+    num_layers: int | None = None  # layerskip: the target's first L layers; draft: keep only L layers
 
     def __post_init__(self):
         self.method = _ALIASES.get(self.method, self.method)
@@ -23,8 +24,10 @@ class SpeculativeConfig:
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if self.method == "ngram" and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
-                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
         if self.method == "draft" and not self.model:
             raise ValueError("speculative method 'draft' needs a draft model: {'model': NAME}")
         if self.method == "layerskip" and self.num_layers is None:

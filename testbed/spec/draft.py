@@ -8,6 +8,7 @@ speculative positions (>= num_computed_tokens) into the request's own blocks, wh
 there (shared blocks are full of computed tokens) and which the target overwrites before it reads
 them, and into scratch blocks past the pool (ids >= num_blocks) where the request has no block yet.
 """
+
 import torch
 
 from testbed.attention.backend import AttentionMetadata
@@ -66,7 +67,7 @@ class ModelProposer(Proposer):
         width = max(len(t) for t in tables)
         block_tables = torch.zeros((len(reqs), width), dtype=torch.int32)
         for i, t in enumerate(tables):
-            block_tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+            block_tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
         block_tables = block_tables.to(dev)
         gens = [self.sampler._generator(r.request_id, r.sampling_params) for r in reqs]
         drafts = [[] for _ in reqs]
@@ -82,17 +83,25 @@ class ModelProposer(Proposer):
             meta = AttentionMetadata(
                 slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
                 query_start_loc=torch.arange(len(active) + 1, dtype=torch.int32, device=dev),
-                seq_lens=seq_lens, block_tables=block_tables[idx], max_query_len=1, max_seq_len=max(pos) + 1)
-            hidden = self.model(torch.tensor([last[i] for i in active], dtype=torch.long, device=dev),
-                                torch.tensor(pos, dtype=torch.long, device=dev), self.kv_caches, meta,
-                                num_layers=self.num_layers)
+                seq_lens=seq_lens,
+                block_tables=block_tables[idx],
+                max_query_len=1,
+                max_seq_len=max(pos) + 1,
+            )
+            hidden = self.model(
+                torch.tensor([last[i] for i in active], dtype=torch.long, device=dev),
+                torch.tensor(pos, dtype=torch.long, device=dev),
+                self.kv_caches,
+                meta,
+                num_layers=self.num_layers,
+            )
             logits = self.model.compute_logits(hidden)
             params = [reqs[i].sampling_params for i in active]
             tokens = logits.argmax(dim=-1).tolist()
             sampling = [j for j, p in enumerate(params) if not p.greedy]
             if sampling:
                 q = filter_logits(logits[sampling], [params[j] for j in sampling]).softmax(dim=-1)
-                by_gen: dict[int, list[int]] = {}          # rows sharing a generator draw together
+                by_gen: dict[int, list[int]] = {}  # rows sharing a generator draw together
                 for row, j in enumerate(sampling):
                     by_gen.setdefault(id(gens[active[j]]), []).append(row)
                 for rows in by_gen.values():
@@ -112,15 +121,18 @@ class ModelProposer(Proposer):
 
 class DraftModelProposer(ModelProposer):
     """A separate, smaller model with the target's vocabulary and its own KV tensors."""
+
     name = "draft"
 
     def __init__(self, model, num_layers, num_blocks, block_size, max_num_seqs, k, device, dtype):
         super().__init__(model, num_layers, num_blocks, block_size, max_num_seqs, k, device)
         from testbed.executor.model_runner import allocate_kv_cache
-        self.kv_caches = allocate_kv_cache(model.arch, num_blocks + self.num_scratch, block_size, num_layers,
-                                           dtype, device)
 
-        self.host_kv_caches = None       # swap preemption: the draft's host pool, same ids as the target's
+        self.kv_caches = allocate_kv_cache(
+            model.arch, num_blocks + self.num_scratch, block_size, num_layers, dtype, device
+        )
+
+        self.host_kv_caches = None  # swap preemption: the draft's host pool, same ids as the target's
         self.engine = None
 
     def attach(self, engine, target_kv_caches, sampler) -> None:
@@ -134,16 +146,24 @@ class DraftModelProposer(ModelProposer):
     @torch.inference_mode()
     def copy_blocks(self, src, dst, to_host) -> None:
         from testbed.executor.model_runner import allocate_kv_cache, copy_kv_blocks
+
         if self.host_kv_caches is None:
             swap = self.engine.scheduler.swap
-            self.host_kv_caches = allocate_kv_cache(self.model.arch, swap.num_cpu_blocks, self.block_size,
-                                                    self.num_layers, self.kv_caches[0][0].dtype, "cpu")
+            self.host_kv_caches = allocate_kv_cache(
+                self.model.arch,
+                swap.num_cpu_blocks,
+                self.block_size,
+                self.num_layers,
+                self.kv_caches[0][0].dtype,
+                "cpu",
+            )
         copy_kv_blocks(self.kv_caches, self.host_kv_caches, src, dst, to_host)
 
 
 class LayerSkipProposer(ModelProposer):
     """Self-speculation: the target's first L layers, its final norm and LM head. No extra weights; the
     target's own KV of those layers is the draft's, so observe() has nothing to do."""
+
     name = "layerskip"
 
     @property
@@ -152,4 +172,4 @@ class LayerSkipProposer(ModelProposer):
 
     def attach(self, engine, target_kv_caches, sampler) -> None:
         super().attach(engine, target_kv_caches, sampler)
-        self.kv_caches = target_kv_caches[:self.num_layers]
+        self.kv_caches = target_kv_caches[: self.num_layers]

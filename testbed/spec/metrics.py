@@ -1,4 +1,5 @@
 """Counters of speculative decoding, summed over the engine's life."""
+
 from dataclasses import dataclass, field
 
 
@@ -6,14 +7,14 @@ from dataclasses import dataclass, field
 class SpecMetrics:
     method: str
     num_speculative_tokens: int
-    num_proposed_tokens: int = 0          # drafts handed to requests by the proposer
-    num_drafts: int = 0                   # verifications (a request scheduled with >= 1 draft)
-    num_draft_tokens: int = 0             # drafts verified (the token budget may schedule fewer than proposed)
+    num_proposed_tokens: int = 0  # drafts handed to requests by the proposer
+    num_drafts: int = 0  # verifications (a request scheduled with >= 1 draft)
+    num_draft_tokens: int = 0  # drafts verified (the token budget may schedule fewer than proposed)
     num_accepted_tokens: int = 0
-    num_emitted_tokens: int = 0           # accepted + the target's own token, over verifications
+    num_emitted_tokens: int = 0  # accepted + the target's own token, over verifications
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    propose_time_s: float = 0.0           # drafting, incl. the draft model's KV upkeep
+    propose_time_s: float = 0.0  # drafting, incl. the draft model's KV upkeep
 
     def __post_init__(self):
         self.drafted_per_position = [0] * self.num_speculative_tokens
@@ -51,7 +52,8 @@ class SpecMetrics:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "mean_accepted_drafts": self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
-            "per_position_acceptance": [a / d if d else 0.0 for a, d in
-                                        zip(self.accepted_per_position, self.drafted_per_position)],
+            "per_position_acceptance": [
+                a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)
+            ],
             "propose_time_s": self.propose_time_s,
         }

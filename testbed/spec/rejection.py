@@ -9,6 +9,7 @@ normalise(max(0, p_j - q_j)); if all k are accepted emit a bonus token drawn fro
 token is then distributed exactly as the target would have sampled it. A deterministic proposer
 (n-gram) has q_j = one-hot(d_j): acceptance probability p_j(d_j), residual p_j with d_j removed.
 """
+
 import torch
 
 
@@ -23,8 +24,12 @@ def greedy_verify(target_argmax: list[int], draft_tokens: list[int]) -> list[int
     return out
 
 
-def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched speculative sampling.
 
     target_probs [B, k+1, V]: the target's (filtered) distributions at the k draft positions and the bonus.
@@ -35,17 +40,17 @@ def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, dra
     B, k = draft_tokens.shape
     device = target_probs.device
     rows = torch.arange(B, device=device)
-    p_draft = target_probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)          # p_j(d_j)
+    p_draft = target_probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2)  # p_j(d_j)
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:
-        q_draft = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2)              # q_j(d_j)
+        q_draft = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2)  # q_j(d_j)
     uniform = torch.rand(B, k, generator=generator, device=device, dtype=p_draft.dtype)
-    accepted = uniform * q_draft < p_draft                                                 # u < p/q
-    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)                               # [B]
+    accepted = uniform * q_draft < p_draft  # u < p/q
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [B]
     # the distribution of the one token after the accepted drafts: residual at a rejection, p at the end
     pos = num_accepted.clamp(max=k)
-    p_last = target_probs[rows, pos]                                                       # [B, V]
+    p_last = target_probs[rows, pos]  # [B, V]
     rejected = num_accepted < k
     dist = p_last.clone()
     if rejected.any():

@@ -1,4 +1,5 @@
 """The engine's side of speculative decoding: ask the proposer for drafts, verify them, count."""
+
 import time
 
 import torch
@@ -18,7 +19,7 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.metrics = SpecMetrics(config.method, self.k)
-        self.draft_probs: dict[str, torch.Tensor] = {}   # request id -> q of its pending drafts
+        self.draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
 
     @property
     def extra_target_kv_blocks(self) -> int:
@@ -83,8 +84,9 @@ class Speculator:
         plain = [i for i, n in enumerate(num_logits) if n == 1]
         if plain:
             rows = torch.tensor([offsets[i] for i in plain], device=logits.device)
-            toks, lps = sampler.sample(logits[rows], [requests[i].request_id for i in plain],
-                                       [requests[i].sampling_params for i in plain])
+            toks, lps = sampler.sample(
+                logits[rows], [requests[i].request_id for i in plain], [requests[i].sampling_params for i in plain]
+            )
             for j, i in enumerate(plain):
                 sampled[i] = [toks[j]]
                 if want_logprobs:
@@ -93,38 +95,38 @@ class Speculator:
         emitted: dict[int, list[int]] = {}
         for i, n in enumerate(num_logits):
             if n > 1 and requests[i].sampling_params.greedy:
-                rows = logits[offsets[i]:offsets[i] + n]
-                emitted[i] = greedy_verify(rows.argmax(dim=-1).tolist(), requests[i].spec_token_ids[:n - 1])
+                rows = logits[offsets[i] : offsets[i] + n]
+                emitted[i] = greedy_verify(rows.argmax(dim=-1).tolist(), requests[i].spec_token_ids[: n - 1])
         # sampling requests: rejection sampling, batched over requests sharing a generator, length and q kind
         sampling = [i for i, n in enumerate(num_logits) if n > 1 and not requests[i].sampling_params.greedy]
         if sampling:
             idx = torch.cat([torch.arange(offsets[i], offsets[i] + num_logits[i]) for i in sampling]).to(logits.device)
             params = [requests[i].sampling_params for i in sampling for _ in range(num_logits[i])]
-            probs = filter_logits(logits[idx], params).softmax(dim=-1)     # the target's p, as the sampler's
+            probs = filter_logits(logits[idx], params).softmax(dim=-1)  # the target's p, as the sampler's
             groups: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
             start = 0
             for i in sampling:
                 n, r = num_logits[i], requests[i]
                 gen = sampler._generator(r.request_id, r.sampling_params)
                 has_q = r.request_id in self.draft_probs
-                groups.setdefault((id(gen), n, has_q), []).append((i, probs[start:start + n]))
+                groups.setdefault((id(gen), n, has_q), []).append((i, probs[start : start + n]))
                 start += n
             for (_, n, has_q), members in groups.items():
                 rs = [requests[i] for i, _ in members]
                 p = torch.stack([pi for _, pi in members])
-                drafts = torch.tensor([r.spec_token_ids[:n - 1] for r in rs], dtype=torch.long, device=p.device)
-                q = torch.stack([self.draft_probs[r.request_id][:n - 1] for r in rs]).to(p) if has_q else None
+                drafts = torch.tensor([r.spec_token_ids[: n - 1] for r in rs], dtype=torch.long, device=p.device)
+                q = torch.stack([self.draft_probs[r.request_id][: n - 1] for r in rs]).to(p) if has_q else None
                 gen = sampler._generator(rs[0].request_id, rs[0].sampling_params)
                 out, num_acc = rejection_sample(p, drafts, q, gen)
                 for b, (i, _) in enumerate(members):
-                    emitted[i] = out[b, :int(num_acc[b]) + 1].tolist()
+                    emitted[i] = out[b, : int(num_acc[b]) + 1].tolist()
         for i, tokens in emitted.items():
             n = num_logits[i]
             self.draft_probs.pop(requests[i].request_id, None)
             self.metrics.record(n - 1, len(tokens) - 1)
             sampled[i] = tokens
             if want_logprobs:
-                lp = logits[offsets[i]:offsets[i] + len(tokens)].log_softmax(dim=-1)
+                lp = logits[offsets[i] : offsets[i] + len(tokens)].log_softmax(dim=-1)
                 logprobs[i] = lp.gather(1, torch.tensor(tokens, device=lp.device).unsqueeze(1)).squeeze(1).tolist()
         return sampled, logprobs
 

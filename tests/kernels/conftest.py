@@ -1,4 +1,5 @@
 """Kernel tests: on machines without CUDA the Triton kernels run on the CPU interpreter."""
+
 import os
 
 import torch
@@ -36,18 +37,21 @@ def device():
 @pytest.fixture
 def assert_close():
     """Relative-to-max error check that also fails on any NaN left in a poisoned output."""
+
     def check(out, ref, dtype=None):
         dtype = dtype or ref.dtype
         assert out.shape == ref.shape and out.dtype == ref.dtype
         assert not torch.isnan(out).any(), "output has unwritten (NaN) elements"
         err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
         assert err <= TOLERANCE[dtype], f"relative error {err:.2e} > {TOLERANCE[dtype]:.0e}"
+
     return check
 
 
 @pytest.fixture
 def paged_kv():
     """Random paged K/V cache holding `ctx_lens` tokens per sequence behind shuffled block tables."""
+
     def make(ctx_lens, block_size, num_kv_heads, head_dim, dtype, seed=0):
         gen = torch.Generator().manual_seed(seed)
         max_blocks = max(-(-n // block_size) for n in ctx_lens) + 1  # +1: unused trailing table entry
@@ -55,8 +59,9 @@ def paged_kv():
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         k_cache = torch.randn(shape, generator=gen).to(dtype)
         v_cache = torch.randn(shape, generator=gen).to(dtype)
-        tables = torch.randperm(num_blocks, generator=gen)[:len(ctx_lens) * max_blocks]
+        tables = torch.randperm(num_blocks, generator=gen)[: len(ctx_lens) * max_blocks]
         tables = tables.view(len(ctx_lens), max_blocks).to(torch.int32)
         seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
         return [t.to(DEVICE) for t in (k_cache, v_cache, tables, seq_lens)]
+
     return make

@@ -1,4 +1,5 @@
 """kernel=cpu: the C++ paged-decode kernel and the CPU backend vs the torch references, on fresh random inputs."""
+
 import shutil
 
 import pytest
@@ -7,13 +8,16 @@ import torch
 from kernels.reference import paged_attention_ref
 from testbed.attention.backend import AttentionMetadata, KernelBackend
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                reason="kernel=cpu builds its kernels with a C++ compiler")
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="kernel=cpu builds its kernels with a C++ compiler",
+)
 
 
 @pytest.fixture(scope="module")
 def cpu_kernels():
     import kernels.cpu
+
     kernels.cpu.load()
     return kernels.cpu
 
@@ -28,13 +32,14 @@ def cpu_paged_kv(paged_kv, *args, **kw):
 def test_paged_decode_matches_reference(cpu_kernels, paged_kv, assert_close, dtype, group, block_size, head_dim):
     # lengths that are not multiples of the block size, a single token, and one exactly on a block boundary
     ctx_lens = [1, 3 * block_size, 3 * block_size + 1, 77, 300]
-    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, ctx_lens, block_size, 2, head_dim, dtype,
-                                                      seed=block_size + group)
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(
+        paged_kv, ctx_lens, block_size, 2, head_dim, dtype, seed=block_size + group
+    )
     q = torch.randn(len(ctx_lens), 2 * group, head_dim).to(dtype)
     qsl = torch.arange(len(ctx_lens) + 1, dtype=torch.int32)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = paged_attention_ref(q, k_cache, v_cache, qsl, seq_lens, tables, scale)
-    out = torch.full_like(q, float("nan"))                # poisoned: every element must be written
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
     assert cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, out=out) is out
     assert_close(out, ref)
 
@@ -43,7 +48,7 @@ def test_paged_decode_strided_query(cpu_kernels, paged_kv, assert_close):
     """q sliced out of a fused qkv projection (row stride > heads * head_dim) is read correctly."""
     k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [40, 9], 16, 3, 64, torch.float32)
     qkv = torch.randn(2, (9 + 6) * 64)
-    q = qkv[:, :9 * 64].view(2, 9, 64)
+    q = qkv[:, : 9 * 64].view(2, 9, 64)
     assert not q.is_contiguous()
     ref = paged_attention_ref(q.contiguous(), k_cache, v_cache, torch.tensor([0, 1, 2]), seq_lens, tables, 0.125)
     assert_close(cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, 0.125), ref)
@@ -71,16 +76,24 @@ def mixed_step(block_size, num_kv_heads, group, head_dim, dtype, seed):
     num_blocks = len(ctx_lens) * max_blocks + 3
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache, v_cache = torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
-    tables = torch.randperm(num_blocks, generator=gen)[:len(ctx_lens) * max_blocks].view(len(ctx_lens), -1)
-    slots = [int(tables[i, p // block_size]) * block_size + p % block_size
-             for i, (ql, cl) in enumerate(zip(q_lens, ctx_lens)) for p in range(cl - ql, cl)]
+    tables = torch.randperm(num_blocks, generator=gen)[: len(ctx_lens) * max_blocks].view(len(ctx_lens), -1)
+    slots = [
+        int(tables[i, p // block_size]) * block_size + p % block_size
+        for i, (ql, cl) in enumerate(zip(q_lens, ctx_lens))
+        for p in range(cl - ql, cl)
+    ]
     n = sum(q_lens)
     q = torch.randn(n, num_kv_heads * group, head_dim, generator=gen).to(dtype)
     k = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(),
-                             seq_lens=torch.tensor(ctx_lens, dtype=torch.int32), block_tables=tables.int(),
-                             max_query_len=max(q_lens), max_seq_len=max(ctx_lens))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(),
+        seq_lens=torch.tensor(ctx_lens, dtype=torch.int32),
+        block_tables=tables.int(),
+        max_query_len=max(q_lens),
+        max_seq_len=max(ctx_lens),
+    )
     return q, k, v, k_cache, v_cache, meta
 
 
@@ -88,6 +101,7 @@ def mixed_step(block_size, num_kv_heads, group, head_dim, dtype, seed):
 @pytest.mark.parametrize("group", [1, 3])
 def test_cpu_backend_mixed_step_matches_reference(cpu_kernels, assert_close, dtype, group):
     from testbed.attention.cpu_backend import CpuBackend
+
     q, k, v, k_cache, v_cache, meta = mixed_step(16, 2, group, 64, dtype, seed=group)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     ref = KernelBackend().attention(q, k, v, ref_k, ref_v, meta, 0.125)
@@ -98,6 +112,7 @@ def test_cpu_backend_mixed_step_matches_reference(cpu_kernels, assert_close, dty
 
 def test_cpu_backend_decode_only_step(cpu_kernels, paged_kv, assert_close):
     from testbed.attention.cpu_backend import CpuBackend
+
     k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [17, 64, 5], 16, 1, 64, torch.float32)
     slots = torch.tensor([int(tables[i, (n - 1) // 16]) * 16 + (n - 1) % 16 for i, n in enumerate([17, 64, 5])])
     q, k, v = torch.randn(3, 4, 64), torch.randn(3, 1, 64), torch.randn(3, 1, 64)
@@ -109,6 +124,7 @@ def test_cpu_backend_decode_only_step(cpu_kernels, paged_kv, assert_close):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_layer_ops_match_reference(cpu_kernels, assert_close, dtype):
     from kernels import reference
+
     gen = torch.Generator().manual_seed(7)
     x, res = torch.randn(37, 576, generator=gen).to(dtype), torch.randn(37, 576, generator=gen).to(dtype)
     w = (1 + 0.1 * torch.randn(576, generator=gen)).to(dtype)

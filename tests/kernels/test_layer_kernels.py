@@ -1,4 +1,5 @@
 """Triton KV write, RMSNorm, rotary and SiLU-and-mul vs their torch references."""
+
 import pytest
 import torch
 
@@ -21,12 +22,14 @@ def test_write_kv(device, dtype, block_size):
     num_tokens, kv_heads, head_dim, num_blocks = 9, 3, 64, 4
     # k/v as strided views of a fused qkv buffer, as the model produces them
     qkv = randn(num_tokens, 2 + 2 * kv_heads, head_dim, dtype=dtype, device=device)
-    key, value = qkv[:, 2:2 + kv_heads], qkv[:, 2 + kv_heads:]
+    key, value = qkv[:, 2 : 2 + kv_heads], qkv[:, 2 + kv_heads :]
     slots = torch.randperm(num_blocks * block_size)[:num_tokens]
     slots[[1, 5]] = -1  # padding tokens
     slots = slots.to(device)
-    caches = [torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype, device=device)
-              for _ in range(4)]
+    caches = [
+        torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype, device=device)
+        for _ in range(4)
+    ]
     write_kv(key, value, caches[0], caches[1], slots)
     reference.write_kv_ref(key, value, caches[2], caches[3], slots)
     # NaN marks untouched slots: equal_nan checks nothing was written for -1 or elsewhere
@@ -66,7 +69,7 @@ def test_silu_and_mul(device, assert_close, dtype, d):
 def test_rotary(device, assert_close, dtype, head_dim, inplace):
     num_tokens, heads, kv_heads, max_pos = 7, 6, 2, 64
     qkv = randn(num_tokens, heads + 2 * kv_heads, head_dim, dtype=dtype, device=device)
-    q, k = qkv[:, :heads], qkv[:, heads:heads + kv_heads]  # strided views
+    q, k = qkv[:, :heads], qkv[:, heads : heads + kv_heads]  # strided views
     inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
     freqs = torch.outer(torch.arange(max_pos).float(), inv_freq)
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)

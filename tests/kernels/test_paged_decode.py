@@ -1,4 +1,5 @@
 """Triton paged decode attention (plain and split-KV) vs reference.paged_attention_ref."""
+
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ def run_decode(paged_kv, ctx_lens, block_size, num_kv_heads, group, head_dim, dt
     k_cache, v_cache, tables, seq_lens = paged_kv(ctx_lens, block_size, num_kv_heads, head_dim, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(len(ctx_lens), num_kv_heads * group, head_dim, generator=gen).to(dtype).to(k_cache.device)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     qsl = torch.arange(len(ctx_lens) + 1, dtype=torch.int32, device=q.device)
     ref = paged_attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), qsl.cpu(), seq_lens.cpu(), tables.cpu(), scale)
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written

@@ -1,4 +1,5 @@
 """Triton varlen causal prefill over paged KV (cached prefix + new chunk) vs reference.paged_attention_ref."""
+
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ def run_prefill(paged_kv, q_lens, ctx_lens, block_size, num_kv_heads, group, hea
     gen = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, generator=gen).to(dtype).to(k_cache.device)
     qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32).to(q.device)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = paged_attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), qsl.cpu(), seq_lens.cpu(), tables.cpu(), scale)
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
     res = paged_prefill(q, k_cache, v_cache, qsl, seq_lens, tables, scale, out=out, **kw)
@@ -39,8 +40,7 @@ def test_prefill_fp32(paged_kv, assert_close, block_size, group, head_dim):
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 64)])
 def test_prefill_small_tiles(paged_kv, assert_close, block_m, block_n):
     # several query and key tiles per sequence, tiles crossing the prefix/chunk boundary
-    out, ref = run_prefill(paged_kv, [30, 17], [70, 17], 16, 1, 4, 64, torch.float32,
-                           block_m=block_m, block_n=block_n)
+    out, ref = run_prefill(paged_kv, [30, 17], [70, 17], 16, 1, 4, 64, torch.float32, block_m=block_m, block_n=block_n)
     assert_close(out, ref)
 
 

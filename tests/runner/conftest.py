@@ -1,6 +1,8 @@
 """Fixtures for the runner tests (no __init__.py: pytest imports this per directory)."""
+
 import pytest
-from runner_helpers import ROOT
+
+from .helpers import ROOT
 
 
 @pytest.fixture
@@ -10,6 +12,6 @@ def tiny_cfg():
 
     def make(*overrides):
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            return compose("config", overrides=["model=tiny", "progress=false", "cache.num_blocks=2048",
-                                                *overrides])
+            return compose("config", overrides=["model=tiny", "progress=false", "cache.num_blocks=2048", *overrides])
+
     return make

@@ -1,4 +1,5 @@
 """Shared helpers for the live-server tests (servers run in-process on a free loopback port)."""
+
 import time
 
 import httpx

@@ -3,6 +3,7 @@
 Each is a KVAllocator (testbed.core.allocators.base), so the scheduler, executor and the memory
 accounting treat them alike; a new allocator is one class plus one line here.
 """
+
 import importlib
 
 ALLOCATORS = {
@@ -13,8 +14,15 @@ ALLOCATORS = {
 }
 
 
-def get_allocator(name: str, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                  eviction: str = "lru", max_model_len: int):
+def get_allocator(
+    name: str,
+    num_blocks: int,
+    block_size: int,
+    *,
+    enable_prefix_caching: bool = True,
+    eviction: str = "lru",
+    max_model_len: int,
+):
     if name not in ALLOCATORS:
         raise ValueError(f"unknown cache (KV allocator) {name!r}; choose one of {sorted(ALLOCATORS)}")
     module, cls = ALLOCATORS[name].split(":")

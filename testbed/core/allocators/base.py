@@ -12,6 +12,7 @@ numbers mean the same thing for every allocator:
 
 They partition the cache: the five sum to num_blocks * block_size.
 """
+
 from dataclasses import dataclass
 
 from testbed.request import Request
@@ -27,12 +28,13 @@ def final_length(request: Request, max_model_len: int) -> int:
 @dataclass
 class KVCacheStats:
     """A snapshot of the cache, in token slots (block_size slots per block)."""
+
     num_blocks: int
     block_size: int
-    used_blocks: int          # held by at least one request
-    used_token_slots: int     # slots holding a token state
-    slack_token_slots: int    # empty slots in blocks held by running requests (reserved + internal)
-    cached_free_blocks: int   # free, but still holding a hittable prefix
+    used_blocks: int  # held by at least one request
+    used_token_slots: int  # slots holding a token state
+    slack_token_slots: int  # empty slots in blocks held by running requests (reserved + internal)
+    cached_free_blocks: int  # free, but still holding a hittable prefix
     free_blocks: int
     # the memory breakdown (see the module docstring); these five sum to total_slots
     token_slots: int = 0
@@ -52,9 +54,13 @@ class KVCacheStats:
     def shares(self) -> dict[str, float]:
         """Fractions of the whole cache: token / reserved / internal / external / free."""
         total = self.total_slots
-        return {"token": self.token_slots / total, "reserved": self.reserved_slots / total,
-                "internal": self.internal_slots / total, "external": self.external_slots / total,
-                "free": self.free_slots / total}
+        return {
+            "token": self.token_slots / total,
+            "reserved": self.reserved_slots / total,
+            "internal": self.internal_slots / total,
+            "external": self.external_slots / total,
+            "free": self.free_slots / total,
+        }
 
 
 class KVAllocator:
@@ -64,13 +70,14 @@ class KVAllocator:
     counters live here, shared by all. Subclasses also keep `req_blocks`: request id -> the list of
     its blocks (objects with a `block_id`), replaced by a new list whenever the request is freely
     re-allocated (the executor's block-table staging syncs from it)."""
+
     name = "base"
     block_size: int
     num_blocks: int
     enable_prefix_caching = False
 
     def _init_counters(self) -> None:
-        self.prefix_queries = 0    # prefix-cache counters, in tokens, over first schedulings
+        self.prefix_queries = 0  # prefix-cache counters, in tokens, over first schedulings
         self.prefix_hits = 0
 
     # ---- allocation (subclasses) ------------------------------------------------------------------
@@ -78,12 +85,19 @@ class KVAllocator:
         """Longest cached prefix of a request not yet holding blocks: (blocks, num computed tokens)."""
         return [], 0
 
-    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks=(),
-                     num_lookahead_tokens: int = 0) -> int | None:
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, computed_blocks=(), num_lookahead_tokens: int = 0
+    ) -> int | None:
         raise NotImplementedError
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks=(),
-                       num_lookahead_tokens: int = 0, num_tokens_to_cache: int | None = None):
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks=(),
+        num_lookahead_tokens: int = 0,
+        num_tokens_to_cache: int | None = None,
+    ):
         """Room for num_new_tokens after the computed ones; None (changing nothing) if it is not there."""
         raise NotImplementedError
 
@@ -132,8 +146,9 @@ class KVAllocator:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
     # ---- the accounting -----------------------------------------------------------------------------
-    def stats(self, token_counts: dict[str, int], final_lens: dict[str, int] | None = None,
-              blocked: Request | None = None) -> KVCacheStats:
+    def stats(
+        self, token_counts: dict[str, int], final_lens: dict[str, int] | None = None, blocked: Request | None = None
+    ) -> KVCacheStats:
         """token_counts: request id -> token states it holds after this step; final_lens: request id ->
         the length it will reach (None: every empty held slot counts as reserved); blocked: the waiting
         request that could not get memory this step (None: nothing waits for memory).
@@ -158,6 +173,17 @@ class KVAllocator:
                 external = sum(run for run in self.free_runs() if run < need) * bs
         free_slots = self.num_free_blocks * bs
         token_slots = used_blocks * bs - slack
-        return KVCacheStats(self.num_blocks, bs, used_blocks, token_slots, slack, self.num_cached_free_blocks(),
-                            self.num_free_blocks, token_slots, reserved, slack - reserved, external,
-                            free_slots - external)
+        return KVCacheStats(
+            self.num_blocks,
+            bs,
+            used_blocks,
+            token_slots,
+            slack,
+            self.num_cached_free_blocks(),
+            self.num_free_blocks,
+            token_slots,
+            reserved,
+            slack - reserved,
+            external,
+            free_slots - external,
+        )

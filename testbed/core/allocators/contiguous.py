@@ -11,6 +11,7 @@ Holes between runs are real, so external fragmentation is real. No prefix cachin
 shared), and a running request never needs more memory, so it is never preempted for memory.
 With block_size=1 the reservation is exact to the token; larger blocks round it up.
 """
+
 import bisect
 
 from testbed.core.allocators.base import KVAllocator, final_length
@@ -19,6 +20,7 @@ from testbed.request import Request
 
 class _Unit:
     """One block of the contiguous pool, shaped like a KVCacheBlock for block-table builders."""
+
     __slots__ = ("block_id",)
 
     def __init__(self, block_id: int):
@@ -35,10 +37,10 @@ class ContiguousAllocator(KVAllocator):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.holes: list[list[int]] = [[0, num_blocks]]   # [start, length], sorted by start, coalesced
-        self.runs: dict[str, tuple[int, int]] = {}          # request id -> (start, length)
+        self.holes: list[list[int]] = [[0, num_blocks]]  # [start, length], sorted by start, coalesced
+        self.runs: dict[str, tuple[int, int]] = {}  # request id -> (start, length)
         self._units = [_Unit(i) for i in range(num_blocks)]
-        self.req_blocks: dict[str, list[_Unit]] = {}        # request id -> its run, as block objects
+        self.req_blocks: dict[str, list[_Unit]] = {}  # request id -> its run, as block objects
         self._ids: dict[str, list[int]] = {}
         self._num_free = num_blocks
         self._init_counters()
@@ -75,8 +77,9 @@ class ContiguousAllocator(KVAllocator):
                 return i
         return None
 
-    def allocate_slots(self, request, num_new_tokens, computed_blocks=(), num_lookahead_tokens=0,
-                       num_tokens_to_cache=None):
+    def allocate_slots(
+        self, request, num_new_tokens, computed_blocks=(), num_lookahead_tokens=0, num_tokens_to_cache=None
+    ):
         need = self.can_allocate(request, num_new_tokens, computed_blocks, num_lookahead_tokens)
         if need is None:
             return None
@@ -91,7 +94,7 @@ class ContiguousAllocator(KVAllocator):
             self.holes[i][1] -= need
         self.runs[request.request_id] = (start, need)
         self._ids[request.request_id] = ids = list(range(start, start + need))
-        self.req_blocks[request.request_id] = self._units[start:start + need]
+        self.req_blocks[request.request_id] = self._units[start : start + need]
         self._num_free -= need
         return ids
 
@@ -105,9 +108,9 @@ class ContiguousAllocator(KVAllocator):
         self._num_free += length
         i = bisect.bisect_left(self.holes, [start, 0])
         self.holes.insert(i, [start, length])
-        if i + 1 < len(self.holes) and start + length == self.holes[i + 1][0]:     # merge right
+        if i + 1 < len(self.holes) and start + length == self.holes[i + 1][0]:  # merge right
             self.holes[i][1] += self.holes.pop(i + 1)[1]
-        if i > 0 and self.holes[i - 1][0] + self.holes[i - 1][1] == start:         # merge left
+        if i > 0 and self.holes[i - 1][0] + self.holes[i - 1][1] == start:  # merge left
             self.holes[i - 1][1] += self.holes.pop(i)[1]
 
     def get_block_ids(self, request_id: str) -> list[int]:

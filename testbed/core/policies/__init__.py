@@ -1,4 +1,5 @@
 """Scheduling policies: each decides only order and preemption victims; the mechanism is shared."""
+
 import importlib
 
 from testbed.core.policies.base import SchedulingPolicy

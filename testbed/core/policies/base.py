@@ -11,6 +11,7 @@ The scheduler (testbed.core.scheduler) is the one mechanism; a policy answers it
     token_budget(request, remaining)          tokens one request may take from what is left
     attach(scheduler)                         see the scheduler (e.g. the KV cache, for cache-aware keys)
 """
+
 from testbed.request import Request
 
 

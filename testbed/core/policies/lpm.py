@@ -7,8 +7,9 @@ class LPMPolicy(SchedulingPolicy):
     prompt already in the prefix cache go first (arrival breaks ties), so requests sharing a prefix run
     while it is cached. Like SGLang, it falls back to arrival order when more than `max_queue`
     requests wait (matching every one each step would cost more than it saves)."""
+
     name = "lpm"
-    time_dependent = True          # the cache's contents change every step
+    time_dependent = True  # the cache's contents change every step
 
     def __init__(self, max_queue: int = 128):
         if max_queue < 1:
@@ -24,7 +25,10 @@ class LPMPolicy(SchedulingPolicy):
         return self.scheduler.kv.get_computed_blocks(request)[1]
 
     def key(self, request, now):
-        if (request.status is RequestStatus.RUNNING or self.scheduler is None
-                or len(self.scheduler.waiting) > self.max_queue):
+        if (
+            request.status is RequestStatus.RUNNING
+            or self.scheduler is None
+            or len(self.scheduler.waiting) > self.max_queue
+        ):
             return (0, request.arrival_time, request.seq_no)
         return (-self.cached_prefix(request), request.arrival_time, request.seq_no)

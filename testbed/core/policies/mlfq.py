@@ -10,11 +10,13 @@ class MLFQPolicy(SchedulingPolicy):
     up its level's quantum it is demoted one level. Lower level first, then arrival. Preemption at
     token granularity: after any token, a waiting request of a better level displaces the worst
     running one when it cannot otherwise start (KV kept when preemption_mode=swap, as in FastServe)."""
-    name = "mlfq"
-    time_dependent = True          # levels change as requests generate tokens
 
-    def __init__(self, num_levels: int = 8, base_quantum: int = 4, prefill_tokens_per_iter: int = 128,
-                 preempt: bool = True):
+    name = "mlfq"
+    time_dependent = True  # levels change as requests generate tokens
+
+    def __init__(
+        self, num_levels: int = 8, base_quantum: int = 4, prefill_tokens_per_iter: int = 128, preempt: bool = True
+    ):
         if num_levels < 1 or base_quantum < 1 or prefill_tokens_per_iter < 1:
             raise ValueError("mlfq: num_levels, base_quantum and prefill_tokens_per_iter must be >= 1")
         self.num_levels = num_levels

@@ -10,6 +10,7 @@ class PriorityPolicy(SchedulingPolicy):
     Priorities come from the request (the trace's `priority` column, `Engine.add_request(priority=)`).
     For traces without one, `high_share` marks that share of requests (chosen by a seeded hash of the
     request id, so every policy sees the same ones) one level more urgent."""
+
     name = "priority"
 
     def __init__(self, preempt: bool = True, high_share: float = 0.0, seed: int = 0):

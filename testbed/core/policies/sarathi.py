@@ -6,8 +6,9 @@ class SarathiPolicy(SchedulingPolicy):
     fills what is left of a fixed token budget with prefill chunks (running ones first, then new
     requests, by arrival). A decode never waits behind a prefill chunk and a step never exceeds the
     budget (at most the engine's max_num_batched_tokens); memory victims are taken among prefills first."""
+
     name = "sarathi"
-    time_dependent = True          # a request's phase (prefill -> decode) changes its rank
+    time_dependent = True  # a request's phase (prefill -> decode) changes its rank
 
     def __init__(self, token_budget: int | None = 256):
         if token_budget is not None and token_budget < 1:
@@ -16,7 +17,7 @@ class SarathiPolicy(SchedulingPolicy):
 
     @staticmethod
     def is_decode(request) -> bool:
-        return 0 < request.num_computed_tokens and request.num_computed_tokens >= request.num_tokens - 1
+        return request.num_computed_tokens > 0 and request.num_computed_tokens >= request.num_tokens - 1
 
     def key(self, request, now):
         return (0 if self.is_decode(request) else 1, request.arrival_time, request.seq_no)

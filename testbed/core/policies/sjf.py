@@ -7,6 +7,7 @@ class SJFPolicy(SchedulingPolicy):
 
     `aging` (tokens per second waited) lowers a request's key the longer it has been in the system, so
     long jobs cannot starve; `preemptive: true` lets a shorter waiting job displace a longer running one."""
+
     name = "sjf"
     BY = ("output", "prompt", "total")
 
@@ -23,8 +24,9 @@ class SJFPolicy(SchedulingPolicy):
     def job_size(self, request) -> float:
         output = request.sampling_params.max_tokens
         output = float("inf") if output is None else output
-        return {"output": output, "prompt": request.num_prompt_tokens,
-                "total": request.num_prompt_tokens + output}[self.by]
+        return {"output": output, "prompt": request.num_prompt_tokens, "total": request.num_prompt_tokens + output}[
+            self.by
+        ]
 
     def key(self, request, now):
         size = self.job_size(request)

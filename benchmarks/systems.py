@@ -1,0 +1,247 @@
+"""The systems of experiments/bench_throughput.py, one per process: this engine, transformers static
+`generate`, transformers continuous batching, and the device measurement for the roofline.
+
+    python -m benchmarks.systems SPEC.json OUT.json      # what bench_throughput runs per system
+"""
+
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.roofline import measure_device
+
+
+def make_workload(num_requests, prompt_range, output_range, token_range, seed=0):
+    """nano-vllm's bench.py: randint lengths, randint token ids (same draws for every system)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(*token_range) for _ in range(rng.randint(*prompt_range))] for _ in range(num_requests)]
+    outputs = [rng.randint(*output_range) for _ in range(num_requests)]
+    return prompts, outputs
+
+
+def _hf_model(spec):
+    """The same model for transformers: real SmolLM2 weights, or the shape config with random weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from testbed.models.registry import resolve_model
+
+    resolved = resolve_model(spec["model"])
+    dtype = getattr(torch, spec["dtype"])
+    if resolved.weights_folder is not None:
+        model = AutoModelForCausalLM.from_pretrained(resolved.weights_folder, dtype=dtype)
+    else:
+        cfg = dict(resolved.hf_config)
+        cfg.pop("name", None)
+        config = LlamaConfig(**cfg)
+        with torch.device(spec["device"]):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = model.to(spec["device"]).eval()
+    model.generation_config.eos_token_id = None  # EOS ignored, as in the engine runs
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def run_engine(spec, prompts, outputs) -> dict:
+    import torch
+
+    from testbed import Engine, EngineConfig, SamplingParams
+
+    kernel = spec["system"].split("-", 1)[1]
+    t0 = time.perf_counter()
+    engine = Engine(
+        EngineConfig(
+            model=spec["model"],
+            kernel=kernel,
+            dtype=spec["dtype"],
+            device=spec["device"],
+            max_num_seqs=spec["max_num_seqs"],
+            max_num_batched_tokens=spec["max_num_batched_tokens"],
+            max_model_len=spec["max_model_len"],
+            block_size=16,
+            kv_cache_memory_gb=spec.get("kv_cache_memory_gb", 2.0),
+            enforce_eager=spec.get("enforce_eager", False),
+        )
+    )
+    setup_s = time.perf_counter() - t0
+    graphs = getattr(engine.executor, "cuda_graphs", None)
+    # warm-up: compiles kernels, fills allocator caches
+    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for i in range(2):
+        engine.add_request(f"warm{i}", prompts[i][:64], warm)
+    while engine.has_unfinished():
+        engine.step()
+    if spec["device"] == "cuda":
+        torch.cuda.synchronize()
+    replays_before = graphs.replays if graphs else 0
+    start = time.perf_counter()
+    for i, (p, o) in enumerate(zip(prompts, outputs)):
+        engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
+    produced, steps, step_times = {}, 0, []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                produced[out.request_id] = len(out.outputs[0].token_ids)
+        steps += 1
+        step_times.append(engine.last_stats.duration_s if engine.last_stats else 0.0)
+    if spec["device"] == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    assert [produced[str(i)] for i in range(len(prompts))] == outputs, "every request must produce its length"
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens": sum(outputs),
+        "steps": steps,
+        "setup_s": setup_s,
+        "num_blocks": engine.kv.num_blocks,
+        "preemptions": engine.scheduler.num_preemptions,
+        "cuda_graph_replays": (graphs.replays - replays_before) if graphs else 0,
+        "cuda_graph_capture_s": graphs.capture_seconds if graphs else 0.0,
+        "note": f"max_num_seqs={spec['max_num_seqs']}, max_num_batched_tokens={spec['max_num_batched_tokens']}"
+        + (", CUDA graphs" if graphs and graphs.use_graphs else ", eager"),
+    }
+
+
+def run_hf_static(spec, prompts, outputs) -> dict:
+    import torch
+
+    model = _hf_model(spec)
+    batch = spec["batch_size"]
+    dev = spec["device"]
+
+    def generate(batch_prompts, max_new):
+        width = max(len(p) for p in batch_prompts)
+        ids = torch.zeros(len(batch_prompts), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, p in enumerate(batch_prompts):  # left padding
+            ids[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        with torch.inference_mode():
+            out = model.generate(
+                ids.to(dev),
+                attention_mask=mask.to(dev),
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        assert out.shape[1] == width + max_new, "generate stopped early"
+
+    generate([prompts[0][:16]], 4)  # warm-up
+    start = time.perf_counter()
+    done_tokens, done_requests, complete = 0, 0, True
+    for b in range(0, len(prompts), batch):
+        generate(prompts[b : b + batch], max(outputs[b : b + batch]))
+        done_tokens += sum(outputs[b : b + batch])
+        done_requests += len(outputs[b : b + batch])
+        if time.perf_counter() - start > spec["time_limit_s"] and done_requests < len(prompts):
+            complete = False  # batches are iid: the rate so far is unbiased
+            break
+    elapsed = time.perf_counter() - start
+    padded = sum(max(outputs[b : b + batch]) * len(outputs[b : b + batch]) for b in range(0, done_requests, batch))
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens": done_tokens,
+        "complete": complete,
+        "requests_done": done_requests,
+        "padded_output_tokens": padded,
+        "note": f"batch {batch}, left-padded, {math.ceil(len(prompts) / batch)} batches"
+        + ("" if complete else f" (time limit: {done_requests}/{len(prompts)} requests measured)"),
+    }
+
+
+def run_hf_cb(spec, prompts, outputs) -> dict:
+    import torch
+    from transformers import GenerationConfig
+
+    model = _hf_model(spec)
+    gen = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    kwargs = {}
+    try:
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+
+        kwargs["workload_hints"] = WorkloadHints(
+            max_prompt_length=max(len(p) for p in prompts), max_generated_length=max(outputs), num_requests=len(prompts)
+        )
+    except (ImportError, TypeError):
+        pass
+    manager = model.init_continuous_batching(generation_config=gen, **kwargs)
+    t0 = time.perf_counter()
+    manager.warmup()
+    warmup_s = time.perf_counter() - t0
+    attn = str(model.config._attn_implementation)  # as switched by the manager (paged|...)
+    manager.start()
+    try:
+        # warm-up request, then the workload
+        manager.add_request(prompts[0][:16], request_id="warm", max_new_tokens=4, eos_token_id=-1)
+        while True:
+            r = manager.get_result(timeout=600)
+            if r is None:
+                raise RuntimeError("continuous batching produced no result (warm-up)")
+            if r.is_finished():
+                break
+        if spec["device"] == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i, (p, o) in enumerate(zip(prompts, outputs)):
+            manager.add_request(p, request_id=str(i), max_new_tokens=o, eos_token_id=-1)
+        produced = {}
+        while len(produced) < len(prompts):
+            r = manager.get_result(timeout=spec["time_limit_s"])
+            if r is None:
+                raise RuntimeError(f"continuous batching stalled after {len(produced)} results")
+            if r.error:
+                raise RuntimeError(f"request {r.request_id} failed: {r.error}")
+            if r.is_finished():
+                produced[r.request_id] = len(r.generated_tokens)
+        elapsed = time.perf_counter() - start
+    finally:
+        manager.stop(block=True, timeout=30)
+    short = [i for i in range(len(prompts)) if produced[str(i)] != outputs[i]]
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens": sum(produced.values()),
+        "warmup_s": warmup_s,
+        "short_requests": len(short),
+        "attn_implementation": attn,
+        "note": f"attn={attn}",
+    }
+
+
+def run_device(spec, prompts, outputs) -> dict:
+    import torch
+
+    return measure_device(spec["device"], getattr(torch, spec["dtype"]))
+
+
+WORKERS = {
+    "engine-triton": run_engine,
+    "engine-cpu": run_engine,
+    "engine-torch": run_engine,
+    "hf-static": run_hf_static,
+    "hf-cb": run_hf_cb,
+    "device": run_device,
+}
+
+
+def worker_main(spec_file: str, out_file: str) -> None:
+    spec = json.loads(Path(spec_file).read_text())
+    if spec.get("threads"):
+        import torch
+
+        torch.set_num_threads(spec["threads"])
+    prompts, outputs = make_workload(
+        spec["num_requests"], spec["prompt_range"], spec["output_range"], spec["token_range"], spec["seed"]
+    )
+    result = WORKERS[spec["system"]](spec, prompts, outputs)
+    Path(out_file).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    worker_main(*sys.argv[1:3])

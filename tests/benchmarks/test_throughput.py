@@ -1,0 +1,67 @@
+"""The throughput benchmark end to end on a tiny model (every system in its own process), and its roofline math."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.roofline import workload_bound
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_roofline_bound_by_hand():
+    numbers = {
+        "layers": 2,
+        "heads": 4,
+        "head_dim": 16,
+        "lm_head_params": 1000,
+        "body_params": 5000,
+        "step_weight_bytes": 24000,
+        "kv_bytes_per_token": 256,
+    }
+    prompts, outputs = [[0] * 10, [0] * 4], [3, 2]
+    b = workload_bound(prompts, outputs, numbers, max_batch=8, bandwidth=1e6, flops_rate=1e6)
+    assert b["min_forwards"] == 3  # the longest output
+    kv_reads = (2 * 10 + 1 + 2) + (1 * 4 + 0 + 1)  # sum over decode tokens of their context
+    assert b["bytes"] == 3 * 24000 + kv_reads * 256
+    pairs = 10 * 11 // 2 + 4 * 5 // 2 + kv_reads
+    assert b["flops"] == 2 * 5000 * (12 + 5) + 2 * 1000 * 5 + 4 * 2 * 4 * 16 * pairs
+    assert b["bound_s"] == max(b["t_memory_s"], b["t_compute_s"])
+
+
+def test_benchmark_runs_every_system(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.throughput",
+        "--preset",
+        "cpu",
+        "--model",
+        "tiny",
+        "--num-requests",
+        "3",
+        "--systems",
+        "engine-cpu",
+        "engine-torch",
+        "hf-static",
+        "--hf-batch-sizes",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "smoke",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    rows = {r["system"]: r for r in result["results"]}
+    assert set(rows) == {"engine-cpu", "engine-torch", "hf-static (batch 2)"}
+    for r in rows.values():
+        assert "error" not in r and r["output_tok_s"] > 0
+    # every system produced exactly the workload's output lengths (EOS ignored)
+    assert len({r["output_tokens"] for r in rows.values()}) == 1
+    table = (tmp_path / "smoke.md").read_text()
+    assert "| engine-cpu |" in table and "Roofline bound" in table

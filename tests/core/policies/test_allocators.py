@@ -1,0 +1,234 @@
+"""KV allocators (paged + static contiguous), the shared memory accounting, and prefix-cache eviction."""
+
+import random
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from testbed.core.allocators import ALLOCATORS, get_allocator
+from testbed.core.allocators.base import final_length
+from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.request import Request
+from testbed.sampling_params import SamplingParams
+
+from .helpers import Sim
+
+
+def req(rid, prompt_len, max_tokens):
+    return Request(rid, [100 + i for i in range(prompt_len)], SamplingParams(max_tokens=max_tokens))
+
+
+def test_registry_and_reservation_sizes():
+    assert set(ALLOCATORS) == {"paged", "static_max", "static_pow2", "static_oracle"}
+    r = req("a", 100, 50)  # final length 150
+    assert final_length(r, 1000) == 150 and final_length(req("b", 990, 50), 1000) == 1000
+    sizes = {}
+    for name in ("static_max", "static_pow2", "static_oracle"):
+        kv = get_allocator(name, 4096, 1, max_model_len=1000)
+        assert kv.allocate_slots(r, 100) is not None
+        sizes[name] = kv.num_held_blocks("a")
+        assert kv.allocate_slots(r, 49) == []  # growth stays inside the reservation
+    assert sizes == {"static_max": 1000, "static_pow2": 256, "static_oracle": 150}
+    kv = get_allocator("static_oracle", 4096, 16, max_model_len=1000)
+    kv.allocate_slots(r, 100)
+    assert kv.num_held_blocks("a") == 10  # rounded up to blocks of 16
+    with pytest.raises(ValueError, match="unknown cache"):
+        get_allocator("buddy", 4, 1, max_model_len=8)
+
+
+def test_first_fit_placement_and_coalescing():
+    kv = get_allocator("static_oracle", 100, 1, max_model_len=100)
+    rs = [req(f"r{i}", 10, 10) for i in range(5)]  # 20 slots each
+    for r in rs:
+        kv.allocate_slots(r, 10)
+    assert [kv.runs[r.request_id][0] for r in rs] == [0, 20, 40, 60, 80]
+    kv.free(rs[1]), kv.free(rs[3])
+    assert kv.free_runs() == [20, 20]
+    big = req("big", 20, 20)  # 40 slots: 40 free, but in two holes
+    assert kv.allocate_slots(big, 20) is None and kv.num_free_blocks == 40
+    small = req("small", 5, 5)
+    kv.allocate_slots(small, 5)
+    assert kv.runs["small"] == (20, 10)  # first fit: the lowest hole
+    kv.free(rs[2])
+    assert kv.free_runs() == [50]  # 30..40 merged with 40..60 and 60..80
+    kv.check_invariants()
+
+
+class ContiguousMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.kv = get_allocator(random.choice(["static_max", "static_pow2", "static_oracle"]), 64, 2, max_model_len=40)
+        self.live = {}
+        self.n = 0
+
+    @rule(prompt=st.integers(1, 30), out=st.integers(1, 10))
+    def admit(self, prompt, out):
+        self.n += 1
+        r = req(f"r{self.n}", prompt, out)
+        free = self.kv.num_free_blocks
+        if self.kv.allocate_slots(r, prompt) is None:
+            assert self.kv.num_free_blocks == free
+        else:
+            r.num_computed_tokens = prompt
+            self.live[r.request_id] = r
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def finish(self, data):
+        self.kv.free(self.live.pop(data.draw(st.sampled_from(sorted(self.live)))))
+
+    @invariant()
+    def consistent(self):
+        self.kv.check_invariants()
+        held = sorted((self.kv.runs[r][0], self.kv.runs[r][1]) for r in self.live)
+        assert all(a[0] + a[1] <= b[0] for a, b in zip(held, held[1:]))
+        s = self.kv.stats(
+            {rid: r.num_computed_tokens for rid, r in self.live.items()},
+            {rid: final_length(r, 40) for rid, r in self.live.items()},
+        )
+        assert s.token_slots + s.reserved_slots + s.internal_slots + s.external_slots + s.free_slots == 128
+
+
+TestContiguousMachine = ContiguousMachine.TestCase
+TestContiguousMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+# ---- the accounting ----------------------------------------------------------------------------------
+def test_accounting_paged_tail_block():
+    kv = KVCacheManager(10, 4)
+    r = req("a", 5, 2)  # final length 7: 2 blocks, 1 slot never used
+    kv.allocate_slots(r, 5)
+    s = kv.stats({"a": 5}, {"a": 7})
+    assert (s.token_slots, s.reserved_slots, s.internal_slots, s.external_slots, s.free_slots) == (5, 2, 1, 0, 32)
+    assert s.used_token_slots == 5 and s.slack_token_slots == 3 and abs(sum(s.shares().values()) - 1) < 1e-12
+    assert kv.stats({"a": 5}).reserved_slots == 3  # without final lengths: all slack is reserved
+
+
+def test_accounting_shared_prefix_counts_once():
+    kv = KVCacheManager(10, 4)
+    a, b = req("a", 9, 1), req("b", 9, 1)  # same prompt: 2 full blocks shared
+    kv.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    blocks, hit = kv.get_computed_blocks(b)
+    assert hit == 8
+    kv.allocate_slots(b, 1, blocks)
+    s = kv.stats({"a": 9, "b": 9}, {"a": 10, "b": 10})
+    assert s.used_blocks == 4 and s.token_slots == 8 + 1 + 1  # 2 shared full blocks + two tails
+    assert s.reserved_slots == 2 and s.internal_slots == 4
+
+
+def test_accounting_static_categories_and_external_fragmentation():
+    kv = get_allocator("static_max", 100, 1, max_model_len=30)
+    a = req("a", 5, 5)
+    kv.allocate_slots(a, 5)
+    s = kv.stats({"a": 5}, {"a": 10})  # holds 30 for a final length of 10
+    assert (s.token_slots, s.reserved_slots, s.internal_slots, s.external_slots, s.free_slots) == (5, 5, 20, 0, 70)
+
+    kv = get_allocator("static_oracle", 100, 1, max_model_len=100)
+    a, b, c = req("a", 5, 5), req("b", 15, 15), req("c", 5, 5)
+    for r in (a, b, c):  # [0, 10) [10, 40) [40, 50), hole [50, 100)
+        kv.allocate_slots(r, r.num_prompt_tokens)
+    kv.free(b)  # holes of 30 and 50
+    counts, finals = {"a": 5, "c": 5}, {"a": 10, "c": 10}
+    s = kv.stats(counts, finals)
+    assert (s.token_slots, s.reserved_slots, s.internal_slots, s.external_slots, s.free_slots) == (10, 10, 0, 0, 80)
+    d = req("d", 30, 30)  # needs 60 in one piece: 80 free, no such hole
+    assert kv.allocate_slots(d, 30) is None
+    s = kv.stats(counts, finals, blocked=d)
+    assert s.external_slots == 80 and s.free_slots == 0
+    e = req("e", 20, 20)  # needs 40: the 30-hole is too small for it
+    assert kv.stats(counts, finals, blocked=e).external_slots == 30
+    paged = KVCacheManager(25, 4)
+    assert paged.stats({}, {}, blocked=d).external_slots == 0  # any free block serves any request
+
+
+def test_engine_reports_fragmentation_for_every_allocator():
+    """Paged holds mostly token states; each static variant wastes more, max the most (crafted load)."""
+    shares = {}
+    for cache, bs in [("paged", 4), ("static_max", 1), ("static_pow2", 1), ("static_oracle", 1)]:
+        s = Sim("fcfs", cache=cache, num_blocks=400 // bs, block_size=bs, max_model_len=128)
+        rng = random.Random(0)
+        for i in range(30):
+            s.add(f"r{i}", rng.randrange(10, 60), max_tokens=rng.randrange(5, 40))
+        acc, n = {}, 0
+        while s.pending or s.sched.has_unfinished():
+            s.step()
+            running = s.sched.running
+            st = s.kv.stats(
+                {r.request_id: r.num_computed_tokens for r in running},
+                {r.request_id: final_length(r, 128) for r in running},
+                s.sched.blocked_request,
+            )
+            if s.sched.waiting:  # saturated steps only
+                n += 1
+                for k, v in st.shares().items():
+                    acc[k] = acc.get(k, 0) + v
+        shares[cache] = {k: v / n for k, v in acc.items()}
+    assert shares["paged"]["token"] > 0.85
+    assert shares["static_max"]["token"] < shares["static_pow2"]["token"] < shares["paged"]["token"]
+    assert shares["static_oracle"]["token"] < shares["paged"]["token"]
+    assert shares["static_max"]["internal"] > shares["static_pow2"]["internal"] > shares["static_oracle"]["internal"]
+    assert shares["static_oracle"]["reserved"] > shares["paged"]["reserved"]
+
+
+# ---- eviction ----------------------------------------------------------------------------------------
+def _hit_rate(eviction):
+    """A hot system prompt reused every few requests among a stream of one-off prompts."""
+    s = Sim("fcfs", num_blocks=24, block_size=4, max_num_seqs=1, eviction=eviction)
+    hot = list(range(1000, 1032))  # 8 blocks
+    rng = random.Random(0)
+    for i in range(40):
+        prompt = (
+            hot + [rng.randrange(100, 900) for _ in range(3)]
+            if i % 4 == 0 or i == 1
+            else [rng.randrange(100, 900) for _ in range(36)]
+        )
+        s.add(f"r{i}", prompt, max_tokens=2, at=float(i))
+    s.run()
+    s.kv.pool.check_invariants()
+    return s.kv.prefix_hit_rate
+
+
+def test_lfu_keeps_a_hot_prefix_that_lru_evicts():
+    lru, lfu = _hit_rate("lru"), _hit_rate("lfu")
+    assert lfu > lru + 0.05, (lru, lfu)
+
+
+def test_unknown_eviction_policy():
+    with pytest.raises(ValueError, match="eviction"):
+        KVCacheManager(4, 4, eviction="mru")
+
+
+class LFUPoolMachine(RuleBasedStateMachine):
+    """The block-pool properties (tests/test_block_pool_properties.py) with LFU eviction."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv = KVCacheManager(12, 2, True, eviction="lfu")
+        self.live = {}
+        self.n = 0
+
+    @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=14))
+    def admit(self, prompt):
+        self.n += 1
+        r = Request(f"r{self.n}", prompt, SamplingParams())
+        blocks, cached = self.kv.get_computed_blocks(r)
+        if self.kv.allocate_slots(r, len(prompt) - cached, blocks) is not None:
+            r.num_computed_tokens = len(prompt)
+            self.live[r.request_id] = r
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def release(self, data):
+        self.kv.free(self.live.pop(data.draw(st.sampled_from(sorted(self.live)))))
+
+    @invariant()
+    def consistent(self):
+        self.kv.pool.check_invariants()
+        assert self.kv.pool.num_free_blocks + sum(1 for b in self.kv.pool.blocks if b.ref_cnt) == 12
+
+
+TestLFUPool = LFUPoolMachine.TestCase
+TestLFUPool.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)

@@ -1,0 +1,55 @@
+"""Prefix-cache accounting: a repeated prompt hits all its full blocks and computes only the rest."""
+
+import pytest
+
+from testbed import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LLM(model="tiny", block_size=8, num_blocks=256)
+
+
+def test_identical_prompt_hits_every_full_block(tiny):
+    prompt = list(range(100, 137))  # 37 tokens: 4 full blocks of 8 + 5
+    first = tiny.generate([prompt], GREEDY)[0]
+    assert first.metrics.num_cached_tokens == 0
+    engine = tiny.engine
+    computed_before = engine.kv.prefix_queries
+    second = tiny.generate([prompt], GREEDY)[0]
+    assert second.metrics.num_cached_tokens == 32
+    assert engine.kv.prefix_queries - computed_before == 37
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_block_aligned_prompt_leaves_one_token_to_compute(tiny):
+    prompt = list(range(200, 232))  # exactly 4 blocks
+    tiny.generate([prompt], GREEDY)
+    again = tiny.generate([prompt], GREEDY)[0]
+    assert again.metrics.num_cached_tokens == 24  # the last block is recomputed: its last token needs logits
+
+
+def test_shared_prefix_then_divergence(tiny):
+    base = list(range(300, 324))  # 3 full blocks
+    tiny.generate([base + [5, 6, 7]], GREEDY)
+    other = tiny.generate([base + [9, 9, 9, 9]], GREEDY)[0]
+    assert other.metrics.num_cached_tokens == 24
+
+
+def test_prefix_caching_off_never_hits():
+    llm = LLM(model="tiny", block_size=8, num_blocks=64, enable_prefix_caching=False)
+    prompt = list(range(100, 140))
+    llm.generate([prompt], GREEDY)
+    assert llm.generate([prompt], GREEDY)[0].metrics.num_cached_tokens == 0
+    assert llm.engine.kv.pool.hash_to_block == {}
+
+
+def test_evicted_prefix_is_recomputed():
+    llm = LLM(model="tiny", block_size=4, num_blocks=12)
+    a, b = list(range(100, 120)), list(range(500, 540))  # b needs 10+ blocks, evicting a's cached ones
+    llm.generate([a], GREEDY)
+    llm.generate([b], GREEDY)
+    assert llm.generate([a], GREEDY)[0].metrics.num_cached_tokens < 16
+    llm.engine.kv.pool.check_invariants()
