@@ -47,12 +47,12 @@ step() {  # step NAME MAX_SECONDS COMMAND...
 } 2>&1 | tee -a "$LOG"
 
 step "gpu tests" 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider \
-    tests/test_cuda_graphs.py tests/kernels/test_gpu_timing.py --junitxml="$OUT/pytest_gpu.xml"
+    tests/executor/test_cuda_graphs.py tests/kernels/test_gpu_timing.py --junitxml="$OUT/pytest_gpu.xml"
 
 step "throughput llama-3.2-1b" 300 python3 -m benchmarks.throughput --preset gpu --out "$OUT" \
     --name throughput --time-limit 60 --system-timeout 150 ${BENCH_ARGS:-}
 
-step "kernel check" 100 python3 experiments/gpu_kernel_check.py "$OUT/kernels.json" --iters 10
+step "kernel check" 100 python3 -m benchmarks.gpu_kernel_check "$OUT/kernels.json" --iters 10
 
 step "host cost per step" 30 python3 -m benchmarks.host --running 256 --steps 100 --no-gc-freeze-rows --out "$OUT"
 

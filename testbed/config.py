@@ -29,6 +29,7 @@ class EngineConfig:
     speculative_config: dict | None = None  # vLLM's spelling: {"method": "ngram"|"draft"|"layerskip", ...}
     enforce_eager: bool = False  # True: no CUDA graphs (decode graphs need CUDA and kernel=triton)
     cuda_graph_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,16,...,max_num_seqs
+    cuda_graph_dry_run: bool = False  # the graph path (static buffers, padding) run eagerly, any device: tests
     executor: str = "model"  # model | null (no model: host-side cost measurement)
 
     def __post_init__(self):

@@ -1,4 +1,5 @@
-"""The engine: add requests, step (schedule -> execute -> update), abort. One process, no Hydra."""
+"""The engine: add requests, step (schedule -> execute -> update -> outputs -> drafts), abort.
+One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
 import time
 from dataclasses import dataclass
@@ -8,17 +9,17 @@ import torch
 from testbed.attention import get_backend
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
-from testbed.core.allocators.base import final_length
 from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
-from testbed.core.scheduler import Scheduler, SchedulerConfig
-from testbed.executor.model_runner import ModelRunner, allocate_kv_cache
-from testbed.executor.sampler import Sampler
-from testbed.models.build import build_model
+from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from testbed.core.swap import SwapManager
+from testbed.executor.build import build_executor
+from testbed.executor.kv_cache import num_blocks_from_memory, num_host_blocks
+from testbed.models.build import load_model_spec
+from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
-from testbed.request import Request, RequestStatus
+from testbed.request import Request
 from testbed.sampling_params import SamplingParams
-from testbed.spec import build_speculator
 
 
 @dataclass
@@ -40,17 +41,22 @@ class Engine:
         self.config = config
         self.clock = clock
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype_name = config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
-        self.dtype = getattr(torch, dtype_name)
+        self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
         self.backend = get_backend(config.kernel)
         bs = config.block_size
         if self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={config.kernel} needs a power-of-two block_size, got {bs}")
-        self.model, self.arch, self.tokenizer, self.model_name = build_model(
-            config.model, self.backend, self.dtype, self.device, config.seed, config.max_model_len
+        spec = load_model_spec(config.model, config.max_model_len)
+        self.arch, self.tokenizer, self.model_name, self.max_model_len = (
+            spec.arch,
+            spec.tokenizer,
+            spec.name,
+            spec.max_model_len,
         )
-        self.max_model_len = self.model.max_positions
-        num_blocks = config.num_blocks or self._blocks_from_memory()
+        self.eos_token_ids = spec.eos_token_ids
+        num_blocks = config.num_blocks or num_blocks_from_memory(
+            self.arch, self.dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
+        )
         self.kv = get_allocator(
             config.cache,
             num_blocks,
@@ -59,77 +65,22 @@ class Engine:
             eviction=config.eviction,
             max_model_len=self.max_model_len,
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len
-            ),
-            self.kv,
-            get_policy(config.scheduler, **config.scheduler_options),
-            clock,
-        )
-        self.spec = build_speculator(config.speculative_config, self)  # None without speculative decoding
-        extra_blocks = self.spec.extra_target_kv_blocks if self.spec else 0
-        kv_caches = (
-            None
-            if config.executor == "null"
-            else allocate_kv_cache(
-                self.arch, num_blocks + extra_blocks, bs, self.arch.num_hidden_layers, self.dtype, self.device
-            )
-        )
-        sampler = Sampler(config.seed, self.device)
-        self.executor = ModelRunner(
-            self.model, kv_caches, bs, self.kv.get_block_ids, sampler, self.device, spec=self.spec
-        )
-        if self.spec:
-            self.spec.attach(self, kv_caches, sampler)
-        if config.executor == "null":  # host-side cost measurement: no model runs
-            from testbed.executor.null_executor import NullExecutor
-
-            self.executor = NullExecutor.for_engine(self)
-        else:  # pinned input staging; decode CUDA graphs unless enforce_eager
-            from testbed.executor.cuda_graphs import setup_fast_path
-
-            setup_fast_path(self, kv_caches)
+        swap = num_cpu_blocks = None
         if config.preemption_mode == "swap":
-            self._setup_swap(bs)
+            num_cpu_blocks = config.num_cpu_blocks or num_host_blocks(self.arch, self.dtype, bs, config.swap_space_gb)
+            swap = SwapManager(self.kv, num_cpu_blocks)
+        scheduler_config = SchedulerConfig(
+            config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len
+        )
+        policy = get_policy(config.scheduler, **config.scheduler_options)
+        self.scheduler = Scheduler(scheduler_config, self.kv, policy, clock, swap)
+        self.executor, self.model, self.spec = build_executor(
+            config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype
+        )
+        self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
         self.step_count = 0
         self.last_stats: StepStats | None = None
-        self.step_callbacks = []  # called with each StepStats (recorders)
-
-    def _setup_swap(self, block_size: int) -> None:
-        """Host (CPU) pool for swap preemption, sized like the device cache from swap_space_gb."""
-        from testbed.core.swap import SwapManager
-
-        num_cpu_blocks = self.config.num_cpu_blocks or max(
-            1,
-            int(self.config.swap_space_gb * 2**30 // (self.arch.kv_bytes_per_token(self.dtype.itemsize) * block_size)),
-        )
-        copy = None
-        if hasattr(self.executor, "copy_blocks") and getattr(self.executor, "kv_caches", None) is not None:
-            self.executor.host_kv_caches = allocate_kv_cache(
-                self.arch, num_cpu_blocks, block_size, self.arch.num_hidden_layers, self.dtype, "cpu"
-            )
-            copy = self.executor.copy_blocks
-        self.scheduler.swap = SwapManager(self.kv, num_cpu_blocks, copy)
-
-    def _blocks_from_memory(self) -> int:
-        bytes_per_block = self.arch.kv_bytes_per_token(self.dtype.itemsize) * self.config.block_size
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - total * (1 - self.config.gpu_memory_utilization)
-        else:
-            budget = self.config.kv_cache_memory_gb * 2**30
-        num_blocks = int(budget // bytes_per_block)
-        if num_blocks < 1:
-            raise ValueError(f"KV-cache budget of {budget / 2**30:.3f} GiB holds no block of {bytes_per_block} bytes")
-        return num_blocks
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        ids = list(self.arch.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
+        self.step_callbacks: list = []  # called with each StepStats (recorders)
 
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
@@ -185,7 +136,7 @@ class Engine:
 
     def abort(self, request_id: str) -> RequestOutput | None:
         request = self.scheduler.abort(request_id)
-        return None if request is None else self._output(request, [])
+        return None if request is None else self.output_processor.final_output(request, [])
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -195,26 +146,31 @@ class Engine:
         start = self.clock()
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            if self.scheduler.num_running == 0 and self.scheduler.num_waiting:
-                # validation guarantees any single request fits: an empty step here is a scheduler bug
-                raise RuntimeError(
-                    f"scheduler stalled with {self.scheduler.num_waiting} waiting requests "
-                    f"and {self.kv.pool.num_free_blocks} free blocks"
-                )
+            self._check_not_stalled()
             return []
         result = self.executor.execute(sched)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
-        outputs = []
-        of_request = RequestOutput.of_request  # one output per request per step: O(1) each (testbed.outputs)
-        for request, new_tokens in updates:
-            if request.sampling_params.stop and not request.status.finished:
-                self._check_stop_strings(request)
-            outputs.append(
-                self._output(request, new_tokens) if request.status.finished else of_request(request, new_tokens)
-            )
+        outputs = self.output_processor.process(updates)
         if self.spec:
             self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
+        self._record_step(start, sched)
+        return outputs
+
+    def _check_not_stalled(self) -> None:
+        scheduler = self.scheduler
+        if scheduler.num_running == 0 and scheduler.num_waiting:
+            # validation guarantees any single request fits: an empty step here is a scheduler bug
+            raise RuntimeError(
+                f"scheduler stalled with {scheduler.num_waiting} waiting requests "
+                f"and {self.kv.num_free_blocks} free blocks"
+            )
+
+    def _record_step(self, start: float, sched: SchedulerOutput) -> None:
         self.step_count += 1
+        scheduler = self.scheduler
+        kv = self.kv.running_stats(
+            scheduler.running, scheduler.running_computed_tokens, self.max_model_len, scheduler.blocked_request
+        )
         self.last_stats = StepStats(
             self.step_count,
             start,
@@ -223,46 +179,14 @@ class Engine:
             sched.num_prefill_tokens,
             sched.num_decode_tokens,
             len(sched.preempted),
-            self.scheduler.num_waiting,
-            self.scheduler.num_running,
-            self._kv_stats(),
+            scheduler.num_waiting,
+            scheduler.num_running,
+            kv,
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)
-        return outputs
-
-    def _kv_stats(self) -> KVCacheStats:
-        """The KV memory breakdown after a step: O(1) from the paged allocator's counters, else a pass
-        over the running requests (the static allocators' accounting needs their final lengths)."""
-        scheduler = self.scheduler
-        if hasattr(self.kv, "stats_from_counters"):
-            return self.kv.stats_from_counters(scheduler.running_computed_tokens)
-        return self.kv.stats(
-            {r.request_id: r.num_computed_tokens for r in scheduler.running},
-            {r.request_id: final_length(r, self.max_model_len) for r in scheduler.running},
-            scheduler.blocked_request,
-        )
 
     @property
     def spec_stats(self) -> dict:
         """Speculative decoding counters (empty without speculation)."""
         return self.spec.stats() if self.spec else {}
-
-    def _check_stop_strings(self, request: Request) -> None:
-        if self.tokenizer is None:
-            return
-        text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-        for stop in request.sampling_params.stop:
-            if stop in text:
-                request.stop_reason = stop
-                self.scheduler.finish_with_status(request, RequestStatus.FINISHED_STOPPED)
-                return
-
-    def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
-        """The request's output as it is now; a finished one gets its text (decoded only then)."""
-        text = ""
-        if request.status.finished and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-            if isinstance(request.stop_reason, str):
-                text = text[: text.index(request.stop_reason)]
-        return RequestOutput.of_request(request, new_tokens, text)

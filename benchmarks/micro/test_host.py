@@ -27,9 +27,10 @@ def test_input_preparation(benchmark, running):
 
     engine = make_steady_engine(running)
     out = engine.scheduler.schedule()
-    buffers = engine.executor.input_buffers
+    executor = engine.executor
+    executor.tables.apply(out.finished_ids, out.block_updates)
     benchmark.pedantic(
-        lambda: prepare_inputs(out, None, engine.config.block_size, "cpu", buffers),
+        lambda: prepare_inputs(out, executor.tables, executor.input_buffers),
         rounds=200,
         iterations=1,
         warmup_rounds=3,

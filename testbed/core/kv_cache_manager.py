@@ -1,6 +1,6 @@
 """Per-request block tables over the block pool: prefix lookup, slot allocation, freeing, accounting."""
 
-import weakref
+from collections.abc import Sequence
 
 from testbed.core.allocators.base import KVAllocator, KVCacheStats
 from testbed.core.block_pool import BlockPool, KVCacheBlock
@@ -12,10 +12,6 @@ def hash_block(parent_hash: int | None, token_ids) -> int:
     return hash((parent_hash, *token_ids))
 
 
-class BlockChanges(dict):
-    """request id -> first block position changed since the watcher last synced (see KVCacheManager.watch)."""
-
-
 class KVCacheManager(KVAllocator):
     """The paged allocator (`cache=paged`): any free block serves any request, prefixes are shared."""
 
@@ -25,6 +21,7 @@ class KVCacheManager(KVAllocator):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
+        self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, eviction=eviction)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -32,30 +29,10 @@ class KVCacheManager(KVAllocator):
         # request id -> up to how many tokens (computed + new) allocate_slots has nothing to do: the held
         # blocks have room and no further block becomes full (set by the full path, dropped on trim/free)
         self.req_fast_limit: dict[str, int] = {}
-        self._watchers: list[weakref.ref] = []  # to BlockChanges handed out by watch()
         # kept as blocks are taken and given back, so that stats_from_counters() is O(1):
         self.num_held_blocks_total = 0  # sum of len(req_blocks[rid]) (a shared block counts per holder)
         self.num_internal_slots = 0  # sum of held slots beyond each holder's final length
         self._init_counters()
-
-    def watch(self) -> "BlockChanges":
-        """A dict that from now on maps each request whose block list changes (blocks taken, trimmed or
-        freed) to the first position that may differ; the watcher (the executor's persistent block
-        tables) empties it as it syncs. Dropped when the watcher lets go of it."""
-        changes = BlockChanges()
-        self._watchers = [w for w in self._watchers if w() is not None] + [weakref.ref(changes)]
-        return changes
-
-    def _changed(self, rid: str, first: int) -> None:
-        for ref in self._watchers:
-            changes = ref()
-            if changes is not None:
-                old = changes.get(rid)
-                changes[rid] = first if old is None or first < old else old
-
-    @property
-    def num_blocks(self) -> int:
-        return self.pool.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -93,7 +70,7 @@ class KVCacheManager(KVAllocator):
         self,
         request: Request,
         num_new_tokens: int,
-        computed_blocks: list[KVCacheBlock] = (),
+        computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
     ) -> int | None:
         """Blocks to take from the free queue for this allocation, or None if they are not there."""
@@ -110,7 +87,7 @@ class KVCacheManager(KVAllocator):
         self,
         request: Request,
         num_new_tokens: int,
-        computed_blocks: list[KVCacheBlock] = (),
+        computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
         num_tokens_to_cache: int | None = None,
     ) -> list[KVCacheBlock] | None:
@@ -133,9 +110,7 @@ class KVCacheManager(KVAllocator):
         num_new_blocks = self.can_allocate(request, num_new_tokens, computed_blocks, num_lookahead_tokens)
         if num_new_blocks is None:
             return None
-        blocks = self.req_blocks.get(rid)
-        if blocks is None:
-            blocks = self.req_blocks[rid] = []
+        blocks = self.req_blocks.setdefault(rid, [])
         num_held = len(blocks)
         if computed_blocks:
             self.pool.touch(computed_blocks)
@@ -185,7 +160,7 @@ class KVCacheManager(KVAllocator):
         self.req_num_hashed.pop(request.request_id, None)
         self.req_fast_limit.pop(request.request_id, None)
         self._count_held(request, len(blocks), 0)
-        self._changed(request.request_id, 0)
+        self._block_changes.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
     def trim(self, request: Request, num_tokens: int) -> None:
@@ -208,6 +183,9 @@ class KVCacheManager(KVAllocator):
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def running_stats(self, running, num_computed_tokens, max_model_len, blocked) -> KVCacheStats:
+        return self.stats_from_counters(num_computed_tokens)
 
     def stats_from_counters(self, num_computed_tokens: int) -> KVCacheStats:
         """`stats()` for the engine's running requests in O(1), from counters kept as blocks change hands.

@@ -8,10 +8,11 @@ a SchedulingPolicy only orders requests, picks victims and may shape the step's 
 import bisect
 from dataclasses import dataclass, field
 
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.base import KVAllocator
 from testbed.core.policies import SchedulingPolicy
-from testbed.core.swap import SwapManager
+from testbed.core.swap import KVCopy, SwapManager
 from testbed.request import Request, RequestStatus
+from testbed.stopping import check_token_stop
 
 
 @dataclass
@@ -31,12 +32,18 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerOutput:
+    """One step's work: everything an executor needs, pushed forward (it never reads the scheduler's or
+    the allocator's state). The three change lists cover what happened since the last non-empty output."""
+
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # aligned with requests
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)  # finished since the last step (for executors)
+    finished_ids: list[str] = field(default_factory=list)  # finished: executors drop their per-request state
+    # request id -> (first changed position, block ids from there on): apply to the persistent block tables
+    block_updates: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+    kv_copies: list[KVCopy] = field(default_factory=list)  # swap preemption's block copies, run in order first
 
     @property
     def total_tokens(self) -> int:
@@ -51,7 +58,7 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        kv: KVCacheManager,
+        kv: KVAllocator,
         policy: SchedulingPolicy,
         clock,
         swap: SwapManager | None = None,
@@ -114,13 +121,18 @@ class Scheduler:
 
     # ---- the step -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """There are no prefill or decode phases: each request has num_computed_tokens and tokens it
+        knows (prompt + outputs + drafts), and a step gives it new tokens to compute so that the first
+        catches up with the second, within the token budget and the sequence cap. Running requests go
+        first, in policy order, preempting (policy's victim) when memory runs out; waiting ones are
+        admitted after, unless the step preempted. The output carries the step's block-table changes,
+        swap copies and finished ids forward to the executor; an empty output keeps them for the next."""
         now = self.clock()
         if self.policy.time_dependent:
             key = self.policy.key
             self.waiting.sort(key=lambda r: key(r, now))
             self.running.sort(key=lambda r: key(r, now))
-        out = SchedulerOutput(finished_ids=self._finished_ids)
-        self._finished_ids = []
+        out = SchedulerOutput()
         self.blocked_request = None
         budget = min(self.policy.step_budget(self.config.max_num_batched_tokens), self.config.max_num_batched_tokens)
         self._preempt_for_waiting(out, budget, now)
@@ -128,6 +140,11 @@ class Scheduler:
         budget = self._schedule_running(out, budget, now)
         if len(out.preempted) == num_preempted:  # no memory pressure among the running
             self._schedule_waiting(out, budget, now)
+        if out.requests:
+            out.finished_ids, self._finished_ids = self._finished_ids, []
+            out.block_updates = self.kv.take_block_updates()
+            if self.swap is not None:
+                out.kv_copies = self.swap.take_copies()
         return out
 
     def _preempt_for_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
@@ -247,7 +264,7 @@ class Scheduler:
         request that produced tokens or finished this step."""
         now = self.clock()
         updates = []
-        finished = []
+        finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
         for idx, (request, num_new, tokens) in enumerate(zip(out.requests, out.num_new_tokens, sampled)):
             if request.status.finished:  # aborted while the step ran
@@ -263,7 +280,7 @@ class Scheduler:
                 request.append_output_token(token, None, now)
                 new_tokens = tokens
                 if token in request.stop_check_ids or len(request.all_token_ids) >= request.max_num_tokens:
-                    self._check_stop(request, token)
+                    check_token_stop(request, token, self.config.max_model_len)
             else:
                 new_tokens = self._append_tokens(request, tokens, logprobs[idx] if logprobs else None, now)
             if request.status.finished:
@@ -294,26 +311,13 @@ class Scheduler:
     ) -> list[int]:
         """Append sampled tokens up to the first that ends the request; returns those appended."""
         stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
+        max_len = self.config.max_model_len
         for j, token in enumerate(tokens):
             request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
             # cheap filter first: only a stop/EOS token or the length limit can end a request (then it does)
-            if (token in stop_ids or len(all_tokens) >= max_num_tokens) and self._check_stop(request, token):
+            if (token in stop_ids or len(all_tokens) >= max_num_tokens) and check_token_stop(request, token, max_len):
                 return tokens[: j + 1]
         return tokens
-
-    def _check_stop(self, request: Request, token: int) -> bool:
-        params = request.sampling_params
-        if not params.ignore_eos and token in request.eos_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-        elif token in params.stop_token_ids:
-            request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, token
-        elif (
-            params.max_tokens is not None
-            and request.num_output_tokens >= params.max_tokens
-            or request.num_tokens >= self.config.max_model_len
-        ):
-            request.status = RequestStatus.FINISHED_LENGTH
-        return request.is_finished
 
     def _finish(self, request: Request, now: float) -> None:
         if request in self.running:

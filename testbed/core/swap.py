@@ -1,24 +1,27 @@
 """Swap preemption (`preemption_mode=swap`): a preempted request's KV blocks go to a host (CPU) pool
 and come back into fresh device blocks when it resumes, instead of being recomputed.
 
-The manager only books host blocks; the bytes are moved by `copy(src_ids, dst_ids, to_host)`, the
-executor's block copy (a no-op stand-in for scheduler-only tests). Copies are synchronous: swap-out
-happens before the freed device blocks can be handed out again, swap-in before the resumed request
-runs. A request that does not fit in the host pool falls back to recompute.
+The manager only books host blocks and records the copies, in order, as (src ids, dst ids, to_host);
+the scheduler hands them to the executor in its next non-empty SchedulerOutput (`kv_copies`), which runs
+them before that step's forward. That is early enough: the device blocks a swap-out frees are written by
+their next owner only in a forward, and a resumed request's blocks are read only in one. A request that
+does not fit in the host pool falls back to recompute.
 """
 
 from testbed.request import Request
 
+KVCopy = tuple[list[int], list[int], bool]  # (source block ids, destination block ids, device -> host)
+
 
 class SwapManager:
-    def __init__(self, kv, num_cpu_blocks: int, copy=None):
+    def __init__(self, kv, num_cpu_blocks: int):
         if num_cpu_blocks < 1:
             raise ValueError(f"swap needs at least one host block, got num_cpu_blocks={num_cpu_blocks}")
         self.kv = kv
         self.num_cpu_blocks = num_cpu_blocks
-        self.copy = copy or (lambda src, dst, to_host: None)
         self.free_ids = list(range(num_cpu_blocks - 1, -1, -1))  # pop() hands out low ids first
         self.swapped: dict[str, list[int]] = {}  # request id -> host block ids
+        self.pending_copies: list[KVCopy] = []  # not yet handed to the executor, in the order made
         self.num_swap_outs = 0
         self.num_swap_ins = 0
         self.blocks_swapped = 0  # out + in, in blocks
@@ -30,15 +33,19 @@ class SwapManager:
     def num_free(self) -> int:
         return len(self.free_ids)
 
+    def take_copies(self) -> list[KVCopy]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
     def swap_out(self, request: Request) -> bool:
-        """Copy the request's computed KV to host blocks and free its device blocks. False (nothing
-        done) if it has no computed KV or the host pool is short: the caller recomputes instead."""
+        """Book host blocks for the request's computed KV, record the copy and free its device blocks.
+        False (nothing done) if it has no computed KV or the host pool is short: the caller recomputes."""
         n = self.kv.blocks_needed(request.num_computed_tokens)
         if n == 0 or n > len(self.free_ids):
             return False
         device_ids = self.kv.get_block_ids(request.request_id)[:n]
         host_ids = [self.free_ids.pop() for _ in range(n)]
-        self.copy(device_ids, host_ids, True)
+        self.pending_copies.append((device_ids, host_ids, True))
         self.kv.free(request)
         self.swapped[request.request_id] = host_ids
         self.num_swap_outs += 1
@@ -46,10 +53,10 @@ class SwapManager:
         return True
 
     def swap_in(self, request: Request) -> None:
-        """After the allocator gave the request device blocks again: copy its KV back, free the host blocks."""
+        """After the allocator gave the request device blocks again: record the copy back, free the host blocks."""
         host_ids = self.swapped.pop(request.request_id)
         device_ids = self.kv.get_block_ids(request.request_id)[: len(host_ids)]
-        self.copy(host_ids, device_ids, False)
+        self.pending_copies.append((host_ids, device_ids, False))
         self.free_ids.extend(reversed(host_ids))
         self.num_swap_ins += 1
         self.blocks_swapped += len(host_ids)

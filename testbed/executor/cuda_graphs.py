@@ -39,9 +39,9 @@ def padded_batch_size(num_seqs: int, sizes: list[int]) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
-def use_cuda_graphs(config, backend, device) -> bool:
-    """Whether an engine with this config captures decode graphs (CUDA, not enforce_eager, graph-safe kernels)."""
-    if getattr(config, "enforce_eager", True) or torch.device(device).type != "cuda":
+def use_cuda_graphs(enforce_eager: bool, backend, device) -> bool:
+    """Whether decode steps replay graphs: CUDA, not enforce_eager, graph-safe kernels."""
+    if enforce_eager or torch.device(device).type != "cuda":
         return False
     if backend.name not in GRAPH_SAFE_BACKENDS:
         logger.info("kernel=%s is not CUDA-graph safe: decode runs eagerly", backend.name)
@@ -69,11 +69,6 @@ class CudaGraphRunner:
         self.generation = buffers.generation
         self.capture_seconds = 0.0
         self.replays = 0
-
-    @classmethod
-    def for_engine(cls, engine, kv_caches, capture: bool = True) -> "CudaGraphRunner":
-        sizes = engine.config.cuda_graph_sizes or default_capture_sizes(engine.config.max_num_seqs)
-        return cls(engine.model, kv_caches, engine.executor.input_buffers, sizes, engine.max_model_len, capture)
 
     # ---- per step ---------------------------------------------------------------------------------
     def padded_size(self, out) -> int | None:
@@ -148,20 +143,3 @@ class CudaGraphRunner:
             self.capture_seconds,
         )
         return self
-
-
-def setup_fast_path(engine, kv_caches, dry_run_graphs: bool = False) -> None:
-    """Give the engine's ModelRunner its input buffers and, where graphs apply, captured decode graphs.
-
-    dry_run_graphs: run the graph path (static buffers, padding) eagerly, on any device (tests).
-    """
-    from testbed.executor.host_buffers import InputBuffers
-
-    runner = engine.executor
-    graphs = dry_run_graphs or use_cuda_graphs(engine.config, engine.backend, engine.device)
-    sizes = engine.config.cuda_graph_sizes or default_capture_sizes(engine.config.max_num_seqs)
-    runner.input_buffers = InputBuffers.for_engine(
-        engine, extra_seqs=max(sizes) if graphs else 0, static=True if graphs else None
-    )
-    if graphs:
-        runner.cuda_graphs = CudaGraphRunner.for_engine(engine, kv_caches, capture=not dry_run_graphs).capture()

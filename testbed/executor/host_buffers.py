@@ -1,8 +1,4 @@
-"""Host-side staging for a step's inputs: persistent block-table rows, pinned buffers, static device buffers.
-
-`BlockTables` keeps every running request's block ids in a persistent numpy row and only writes the
-blocks that are new since the last step, so building a step's block table is one numpy gather instead
-of a Python loop over every block of every request.
+"""Host-side staging for a step's inputs: pinned buffers, static device buffers.
 
 `InputBuffers` owns, per input field, a host array the step is written into and a device tensor the
 model reads. On CUDA the host arrays are pinned (double-buffered, guarded by an event) and copied with
@@ -27,112 +23,6 @@ FIELDS = {
 _TORCH = {np.int64: torch.int64, np.int32: torch.int32}
 
 
-class BlockTables:
-    """request id -> a persistent row of block ids, synced incrementally from the KV manager's live lists.
-
-    `blocks_of(request_id)` returns the KV manager's own list of a request's blocks (objects with a
-    `block_id`). With `changes` (KVCacheManager.watch()), the manager reports which lists changed and
-    from which position, so a step touches only those rows and otherwise just looks up row numbers.
-    Without it every row is checked: a list only grows between steps (new blocks at the tail), is
-    replaced by a new list after a free (finish, preemption) or, after a step that verified speculative
-    drafts, may have its tail trimmed and regrown; rows are re-synced in full in the last two cases.
-    Columns past a request's blocks may hold stale ids: nothing reads beyond a sequence's length.
-    """
-
-    def __init__(self, blocks_of, width: int, rows: int = 64, changes: dict | None = None):
-        self.blocks_of = blocks_of
-        self.changes = changes
-        self.table = np.zeros((rows, max(width, 1)), dtype=np.int32)
-        self.row_of: dict[str, int] = {}
-        self.free_rows = list(range(rows - 1, -1, -1))
-        self.entries: dict[str, list] = {}  # without `changes`: request id -> [live block list, synced]
-        self.dirty: set[str] = set()  # without `changes`: drafts verified, the tail may be trimmed
-        self._last = (None, None)  # (request ids, their rows) of the last call to rows()
-
-    def forget(self, request_ids) -> None:
-        for rid in request_ids:
-            row = self.row_of.pop(rid, None)
-            if row is not None:
-                self.free_rows.append(row)
-                self._last = (None, None)
-            self.entries.pop(rid, None)
-            self.dirty.discard(rid)
-
-    def _grow(self, rows: int, width: int) -> None:
-        old = self.table
-        rows, width = max(rows, old.shape[0]), max(width, old.shape[1])
-        self.table = np.zeros((rows, width), dtype=np.int32)
-        self.table[: old.shape[0], : old.shape[1]] = old
-        self.free_rows.extend(range(rows - 1, old.shape[0] - 1, -1))
-
-    def rows(self, request_ids: list[str]) -> np.ndarray:
-        """Row index of each request (in order), with its row up to date. Read-only: the array is
-        handed out again while the batch stays the same (a row is a request's until it is forgotten)."""
-        if self.changes is None:
-            self._check_all(request_ids)
-        elif self.changes:
-            self._apply_changes()
-        last_ids, last_rows = self._last
-        if request_ids == last_ids:  # steady decoding: the same batch as the last step
-            return last_rows
-        row_of = self.row_of
-        try:
-            rows = np.array([row_of[rid] for rid in request_ids], dtype=np.int64)
-        except KeyError:  # requests in their first step: give them rows
-            for rid in request_ids:
-                if rid not in row_of:
-                    self._write(self._new_row(rid), self.blocks_of(rid) or (), 0)
-            rows = np.array([row_of[rid] for rid in request_ids], dtype=np.int64)
-        self._last = (request_ids, rows)
-        return rows
-
-    def _new_row(self, rid: str) -> int:
-        if not self.free_rows:
-            self._grow(2 * self.table.shape[0], 0)
-        row = self.row_of[rid] = self.free_rows.pop()
-        self._last = (None, None)
-        return row
-
-    def _write(self, row: int, blocks, first: int) -> None:
-        """Copy block ids from position `first` on into the row."""
-        n = len(blocks)
-        if n > self.table.shape[1]:
-            self._grow(0, 2 * n)
-        if n == first + 1:  # the usual change: one block appended
-            self.table[row, first] = blocks[first].block_id
-        elif n > first:
-            self.table[row, first:n] = [b.block_id for b in blocks[first:n]]
-
-    def _apply_changes(self) -> None:
-        row_of, blocks_of = self.row_of, self.blocks_of
-        for rid, first in self.changes.items():
-            row = row_of.get(rid)
-            if row is not None:  # not yet given a row: written in full when it is
-                self._write(row, blocks_of(rid) or (), first)
-        self.changes.clear()
-
-    def _check_all(self, request_ids: list[str]) -> None:
-        """No change reports: compare every request's live list with what its row last got."""
-        entries, blocks_of = self.entries, self.blocks_of
-        for rid in self.dirty:  # re-sync these rows from the start
-            entry = entries.get(rid)
-            if entry is not None:
-                entry[1] = -1
-        self.dirty.clear()
-        for rid in request_ids:
-            blocks = blocks_of(rid) or ()
-            entry = entries.get(rid)
-            if entry is not None and entry[0] is blocks and entry[1] == len(blocks):
-                continue  # the common case: nothing new
-            row = self.row_of.get(rid)
-            if row is None:
-                row = self._new_row(rid)
-            if entry is None or entry[0] is not blocks or entry[1] < 0:
-                entry = entries[rid] = [blocks, 0]  # new, re-allocated or possibly trimmed: all of it
-            self._write(row, blocks, min(entry[1], len(blocks)))
-            entry[1] = len(blocks)  # shrunk (trimmed tail): the prefix is still right
-
-
 class InputBuffers:
     """Fixed-capacity staging for one step's inputs (see the module docstring)."""
 
@@ -143,35 +33,14 @@ class InputBuffers:
         max_seqs: int,
         max_blocks_per_seq: int,
         device,
-        blocks_of=None,
         static: bool | None = None,
-        changes: dict | None = None,
     ):
         self.block_size = block_size
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.static = self.cuda if static is None else static  # fixed device tensors, copied into
-        self.tables = BlockTables(blocks_of, max_blocks_per_seq, max(max_seqs, 1), changes) if blocks_of else None
         self.generation = 0  # bumped whenever the device tensors move (captured graphs must notice)
         self._allocate(max_tokens, max_seqs, max_blocks_per_seq)
-
-    @classmethod
-    def for_engine(cls, engine, extra_seqs: int = 0, static: bool | None = None, device=None) -> "InputBuffers":
-        """Sized by the engine's budgets; extra_seqs covers batches padded past max_num_seqs (graphs)."""
-        c = engine.config
-        seqs = max(c.max_num_seqs, extra_seqs)
-        width = -(-engine.max_model_len // c.block_size) + 8  # + a few for speculative lookahead
-        watch = getattr(engine.kv, "watch", None)  # change reports, where the allocator gives them
-        return cls(
-            c.block_size,
-            max(c.max_num_batched_tokens, seqs),
-            seqs,
-            width,
-            device or engine.device,
-            engine.kv.req_blocks.get,
-            static,
-            watch() if watch else None,
-        )
 
     def _allocate(self, tokens: int, seqs: int, width: int) -> None:
         self.max_tokens, self.max_seqs, self.max_width = tokens, seqs, width
@@ -187,7 +56,7 @@ class InputBuffers:
             bufs = {name: host(sizes[kind], dtype) for name, (dtype, kind) in FIELDS.items()}
             bufs["block_tables"] = host(seqs * width, np.int32)
             self._host.append(bufs)
-        self._events = [None] * num_sets
+        self._events: list[torch.cuda.Event | None] = [None] * num_sets
         self._set = 0
         self._views: dict[tuple, dict] = {}  # sizes -> the slices handed out (see _cached)
         if self.static:

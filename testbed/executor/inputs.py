@@ -1,9 +1,9 @@
 """Flatten a SchedulerOutput into the model's inputs: token ids, positions, slots, attention metadata.
 
 One Python pass over the scheduled requests collects what only they know (tokens, computed counts);
-everything else is numpy over the whole batch. With `buffers` (testbed.executor.host_buffers) the
-block tables come from persistent rows and the arrays are staged in reusable (pinned) host memory and
-copied to fixed device tensors without waiting for the device.
+everything else is numpy over the whole batch. Block tables come from the executor's persistent rows
+(testbed.executor.block_tables); the arrays are staged in reusable (pinned) host memory and copied to
+fixed device tensors without waiting for the device (testbed.executor.host_buffers).
 """
 
 from dataclasses import dataclass
@@ -13,6 +13,8 @@ import torch
 
 from testbed.attention.backend import AttentionMetadata
 from testbed.core.scheduler import SchedulerOutput
+from testbed.executor.block_tables import BlockTables
+from testbed.executor.host_buffers import InputBuffers
 
 
 @dataclass
@@ -24,18 +26,10 @@ class ModelInputs:
     num_logits: list[int]  # per scheduled request: how many of those rows (0 = mid-prefill)
 
 
-def _tables_from_lists(block_ids_of, request_ids) -> np.ndarray:
-    lists = [block_ids_of(rid) for rid in request_ids]
-    table = np.zeros((len(lists), max((len(t) for t in lists), default=1) or 1), dtype=np.int32)
-    for i, ids in enumerate(lists):
-        table[i, : len(ids)] = ids
-    return table
-
-
 def prepare_inputs(
-    out: SchedulerOutput, block_ids_of, block_size: int, device, buffers=None, pad_to: int | None = None
+    out: SchedulerOutput, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
 ) -> ModelInputs:
-    """block_ids_of(request_id) -> that request's block ids, in order (unused when `buffers` has tables).
+    """Inputs for the scheduled requests (their rows in `tables` already updated from `out`).
 
     pad_to: a decode batch (one token per request) is padded to this many rows for a captured CUDA
     graph; padding rows write no KV (slot -1) and attend to nothing (length 0). The returned tensors
@@ -46,7 +40,7 @@ def prepare_inputs(
     request_ids = [r.request_id for r in requests]
     starts = [r.num_computed_tokens for r in requests]
     num_tokens = [len(r.all_token_ids) for r in requests]
-    drafted = []  # requests verifying speculative drafts this step
+    drafted = False  # some request verifies speculative drafts this step
     token_ids = None
     if sum(num_new) == n:  # one token each, e.g. decode: no per-request branching
         try:
@@ -59,7 +53,7 @@ def prepare_inputs(
             token_ids += r.all_token_ids[s : s + k]
             if s + k > length:  # speculative drafts ride at the end
                 token_ids += r.spec_token_ids[: s + k - length]
-                drafted.append(r.request_id)
+                drafted = True
     total = len(token_ids)
     one_each = total == n and not drafted  # decode: token i is request i's, no repeats needed
 
@@ -73,16 +67,9 @@ def prepare_inputs(
         query_start = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(new, out=query_start[1:])
         positions = np.repeat(start - query_start[:-1], new) + np.arange(total, dtype=np.int64)
-    if buffers is not None and buffers.tables is not None:
-        tables = buffers.tables
-        tables.forget(out.finished_ids)
-        rows = tables.rows(request_ids)
-        if drafted and tables.changes is None:
-            tables.dirty.update(drafted)  # their block lists may be trimmed after verification
-        table = tables.table
-    else:
-        table = _tables_from_lists(block_ids_of, request_ids)
-        rows = np.arange(n)
+    rows = tables.rows(request_ids)
+    table = tables.table
+    block_size = buffers.block_size
     max_seq_len = int(end.max(initial=0))
     width = max(-(-max_seq_len // block_size), 1)
     pages = positions // block_size
@@ -98,46 +85,31 @@ def prepare_inputs(
         logits_indices = np.repeat(query_start[1:] - k, k) + (np.arange(num_k) - np.repeat(np.cumsum(k) - k, k))
     num_k = len(logits_indices)
 
-    if buffers is None:
-        block_tables = np.zeros((n, width), dtype=np.int32)
-        cols = min(width, table.shape[1])
-        block_tables[:, :cols] = table[rows, :cols]
-        as_tensor = lambda a: torch.from_numpy(a).to(device, non_blocking=True)
+    padded = n if pad_to is None else pad_to
+    num_rows_tokens = total if pad_to is None else pad_to
+    assert pad_to is None or (total == n and pad_to >= n), "only decode batches are padded"
+    buffers.ensure(num_rows_tokens, padded, width)
+    h = buffers.host_arrays(num_rows_tokens, padded, width)
+    h["input_ids"][:total] = token_ids
+    h["positions"][:total] = positions
+    h["slot_mapping"][:total] = slots
+    h["query_start_loc"][: n + 1] = query_start
+    h["seq_lens"][:n] = end
+    h["logits_indices"][:num_k] = logits_indices
+    h["block_tables"][:n] = table[rows, :width]
+    if padded > n:
+        h["input_ids"][n:] = 0
+        h["positions"][n:] = 0
+        h["slot_mapping"][n:] = -1
+        h["query_start_loc"][n + 1 :] = n
+        h["seq_lens"][n:] = 0
+        h["block_tables"][n:] = 0
+    t = buffers.to_device(num_rows_tokens, padded, width, num_k)
+    if padded > n:
         t = {
-            "input_ids": as_tensor(np.array(token_ids, dtype=np.int64)),
-            "positions": as_tensor(positions),
-            "slot_mapping": as_tensor(slots),
-            "query_start_loc": as_tensor(query_start.astype(np.int32)),
-            "seq_lens": as_tensor(end.astype(np.int32)),
-            "block_tables": as_tensor(block_tables),
-            "logits_indices": as_tensor(logits_indices),
+            name: (v if name == "logits_indices" else v[: n + 1] if name == "query_start_loc" else v[:n])
+            for name, v in t.items()
         }
-    else:
-        padded = n if pad_to is None else pad_to
-        num_rows_tokens = total if pad_to is None else pad_to
-        assert pad_to is None or (total == n and pad_to >= n), "only decode batches are padded"
-        buffers.ensure(num_rows_tokens, padded, width)
-        h = buffers.host_arrays(num_rows_tokens, padded, width)
-        h["input_ids"][:total] = token_ids
-        h["positions"][:total] = positions
-        h["slot_mapping"][:total] = slots
-        h["query_start_loc"][: n + 1] = query_start
-        h["seq_lens"][:n] = end
-        h["logits_indices"][:num_k] = logits_indices
-        h["block_tables"][:n] = table[rows, :width]
-        if padded > n:
-            h["input_ids"][n:] = 0
-            h["positions"][n:] = 0
-            h["slot_mapping"][n:] = -1
-            h["query_start_loc"][n + 1 :] = n
-            h["seq_lens"][n:] = 0
-            h["block_tables"][n:] = 0
-        t = buffers.to_device(num_rows_tokens, padded, width, num_k)
-        if padded > n:
-            t = {
-                name: (v if name == "logits_indices" else v[: n + 1] if name == "query_start_loc" else v[:n])
-                for name, v in t.items()
-            }
     meta = AttentionMetadata(
         slot_mapping=t["slot_mapping"],
         query_start_loc=t["query_start_loc"],

@@ -1,4 +1,11 @@
-"""Assemble a ready model: resolve the name, build the module, load or draw weights, move to device."""
+"""Resolve a model name into its spec (shape, tokenizer), then build the module with its weights.
+
+The two are separate so that parts needing only the shape (KV sizing, the null and simulated executors)
+never build weights.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -8,28 +15,47 @@ from testbed.models.registry import resolve_model
 from testbed.models.weights import init_random_weights, load_hf_weights
 
 
-def build_model(
-    name: str, ops, dtype: torch.dtype, device: torch.device, seed: int = 0, max_model_len: int | None = None
-):
-    """Returns (model, arch, tokenizer or None, resolved name)."""
+@dataclass
+class ModelSpec:
+    name: str  # the resolved name
+    arch: ModelArch
+    max_model_len: int  # the engine's context: max_model_len if given, else the model's
+    tokenizer: object | None  # a transformers tokenizer, or None (shape-only models)
+    weights_folder: Path | None  # None: seeded random weights
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = list(self.arch.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+
+def load_model_spec(name: str, max_model_len: int | None = None) -> ModelSpec:
     resolved = resolve_model(name)
     arch = ModelArch.from_hf_config(resolved.hf_config)
     if max_model_len is not None and max_model_len > arch.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={arch.max_position_embeddings}"
         )
-    max_len = max_model_len or arch.max_position_embeddings
-    with torch.device(device):
-        model = LlamaForCausalLM(arch, ops, max_len)
-    if resolved.weights_folder is None:
-        init_random_weights(model, seed)
-    else:
-        load_hf_weights(model, resolved.weights_folder)
-    model = model.to(dtype=dtype).eval()
-    model.build_rope_cache()
     tokenizer = None
     if resolved.tokenizer_folder is not None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_folder)
-    return model, arch, tokenizer, resolved.name
+    return ModelSpec(
+        resolved.name, arch, max_model_len or arch.max_position_embeddings, tokenizer, resolved.weights_folder
+    )
+
+
+def build_model(spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaForCausalLM:
+    """The module on `device` in `dtype`, with the spec's weights (or seeded random ones)."""
+    with torch.device(device):
+        model = LlamaForCausalLM(spec.arch, ops, spec.max_model_len)
+    if spec.weights_folder is None:
+        init_random_weights(model, seed)
+    else:
+        load_hf_weights(model, spec.weights_folder)
+    model = model.to(dtype=dtype).eval()
+    model.build_rope_cache()
+    return model

@@ -3,7 +3,7 @@ The engine keeps only the sampled token's logprob, so top_logprobs holds that to
 
 from __future__ import annotations
 
-from testbed.server.detokenize import token_strings
+from testbed.detokenize import token_strings
 
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float], offset: int) -> dict:

@@ -3,9 +3,9 @@ logprobs. The deltas concatenate to exactly the non-streamed text (see detokeniz
 
 from __future__ import annotations
 
+from testbed.detokenize import IncrementalDetokenizer
 from testbed.sampling_params import SamplingParams
 from testbed.server.async_engine import RequestStream
-from testbed.server.detokenize import IncrementalDetokenizer
 
 
 async def text_deltas(tokenizer, params: SamplingParams, stream: RequestStream):

@@ -21,14 +21,29 @@ __all__ = [
 ]
 
 
-def build_speculator(value, engine) -> Speculator | None:
-    """The engine's speculator for a speculative_config (dict or SpeculativeConfig), None for 'none'.
-    Needs engine.model, .arch, .backend, .dtype, .device, .kv, .max_model_len, .config."""
-    config = SpeculativeConfig.from_any(value)
+def build_speculator(
+    config: SpeculativeConfig,
+    *,
+    target,
+    target_kv_caches: list,
+    tables,
+    sampler,
+    backend,
+    dtype,
+    device,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    seed: int,
+) -> Speculator | None:
+    """The speculator for an enabled config (None for method 'none'). `target` is the target model;
+    `target_kv_caches` its KV tensors, which carry `num_scratch_blocks` extra blocks for layerskip;
+    `tables` the executor's block tables (a model proposer reads its requests' block ids there)."""
     if not config.enabled:
         return None
     k = config.num_speculative_tokens
-    ec = engine.config
+    arch = target.arch
     if config.method == "ngram":
         from testbed.spec.ngram import NgramProposer
 
@@ -36,33 +51,36 @@ def build_speculator(value, engine) -> Speculator | None:
     elif config.method == "layerskip":
         from testbed.spec.draft import LayerSkipProposer
 
-        total = engine.arch.num_hidden_layers
+        total = arch.num_hidden_layers
         if not 1 <= config.num_layers < total:
             raise ValueError(
-                f"layerskip num_layers must be in [1, {total - 1}] for {engine.model_name} "
-                f"({total} layers), got {config.num_layers}"
+                f"layerskip num_layers must be in [1, {total - 1}] for a model of {total} layers, "
+                f"got {config.num_layers}"
             )
+        layers = config.num_layers
         proposer = LayerSkipProposer(
-            engine.model, config.num_layers, engine.kv.num_blocks, ec.block_size, ec.max_num_seqs, k, engine.device
+            target, layers, target_kv_caches[:layers], tables, sampler, num_blocks, block_size, max_num_seqs, k, device
         )
     else:
-        from testbed.models.build import build_model
-        from testbed.spec.draft import DraftModelProposer
+        from testbed.executor.kv_cache import allocate_kv_cache
+        from testbed.models.build import build_model, load_model_spec
+        from testbed.spec.draft import DraftModelProposer, num_scratch_blocks
 
-        model, arch, _, _ = build_model(
-            config.model, engine.backend, engine.dtype, engine.device, ec.seed, engine.max_model_len
-        )
-        if arch.vocab_size != engine.arch.vocab_size:
+        spec = load_model_spec(config.model, max_model_len)
+        if spec.arch.vocab_size != arch.vocab_size:
             raise ValueError(
-                f"draft model {config.model!r} has vocab_size {arch.vocab_size}, the target "
-                f"{engine.model_name!r} has {engine.arch.vocab_size}: they must share the tokenizer"
+                f"draft model {config.model!r} has vocab_size {spec.arch.vocab_size}, the target has "
+                f"{arch.vocab_size}: they must share the tokenizer"
             )
-        layers = arch.num_hidden_layers if config.num_layers is None else config.num_layers
-        if not 1 <= layers <= arch.num_hidden_layers:
-            raise ValueError(f"draft num_layers must be in [1, {arch.num_hidden_layers}], got {layers}")
-        if layers < arch.num_hidden_layers:  # drop the unused layers' weights
+        layers = spec.arch.num_hidden_layers if config.num_layers is None else config.num_layers
+        if not 1 <= layers <= spec.arch.num_hidden_layers:
+            raise ValueError(f"draft num_layers must be in [1, {spec.arch.num_hidden_layers}], got {layers}")
+        model = build_model(spec, backend, dtype, device, seed)
+        if layers < spec.arch.num_hidden_layers:  # drop the unused layers' weights
             del model.model.layers[layers:]
+        scratch = num_scratch_blocks(k, block_size, max_num_seqs)
+        kv_caches = allocate_kv_cache(spec.arch, num_blocks + scratch, block_size, layers, dtype, device)
         proposer = DraftModelProposer(
-            model, layers, engine.kv.num_blocks, ec.block_size, ec.max_num_seqs, k, engine.device, engine.dtype
+            model, layers, kv_caches, tables, sampler, num_blocks, block_size, max_num_seqs, k, device
         )
-    return Speculator(config, proposer, engine.max_model_len)
+    return Speculator(config, proposer, max_model_len)

@@ -12,16 +12,9 @@ class Proposer:
     proposal (q = one-hot), which is also what greedy requests need."""
 
     name = "base"
-    extra_target_kv_blocks = 0  # scratch blocks the target's KV tensors must carry (layerskip)
-
-    def attach(self, engine, target_kv_caches, sampler) -> None:
-        """Called once the engine's KV tensors and sampler exist."""
 
     def observe(self, inputs) -> None:
         """Called after every target forward with its inputs (a draft model keeps its KV in step)."""
-
-    def copy_blocks(self, src: list[int], dst: list[int], to_host: bool) -> None:
-        """Swap preemption moved the target's blocks src -> dst (device -> host pool or back)."""
 
     def propose(self, requests: list[Request], num_tokens: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
         raise NotImplementedError

@@ -7,33 +7,52 @@ rejection rewinds keep both in step with no bookkeeping of their own. The propos
 speculative positions (>= num_computed_tokens) into the request's own blocks, which no one else holds
 there (shared blocks are full of computed tokens) and which the target overwrites before it reads
 them, and into scratch blocks past the pool (ids >= num_blocks) where the request has no block yet.
+A request's block ids come from the executor's block tables (kept by the SchedulerOutputs): at proposal
+time it holds exactly the blocks of its computed tokens, and those rows are up to date.
 """
 
 import torch
 
 from testbed.attention.backend import AttentionMetadata
-from testbed.executor.sampler import filter_logits
+from testbed.executor.block_tables import BlockTables
+from testbed.executor.sampler import Sampler, filter_logits
 from testbed.spec.base import Proposer
+
+
+def num_scratch_blocks(k: int, block_size: int, max_num_seqs: int) -> int:
+    """Blocks past the pool a proposal round may write into: the positions of up to k drafts per request."""
+    return max_num_seqs * (-(-k // block_size) + 1)
 
 
 class ModelProposer(Proposer):
     name = "model"
 
-    def __init__(self, model, num_layers: int, num_blocks: int, block_size: int, max_num_seqs: int, k: int, device):
+    def __init__(
+        self,
+        model,
+        num_layers: int,
+        kv_caches: list,
+        tables: BlockTables,
+        sampler: Sampler,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        k: int,
+        device,
+    ):
         self.model = model
         self.num_layers = num_layers
+        self.kv_caches = kv_caches  # the draft's KV: num_blocks + num_scratch blocks per layer
+        self.tables = tables
+        self.sampler = sampler
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = device
-        self.scratch_per_request = -(-k // block_size) + 1
-        self.num_scratch = max_num_seqs * self.scratch_per_request
-        self.kv_caches = None
-        self.block_ids_of = None
-        self.sampler = None
+        self.num_scratch = num_scratch_blocks(k, block_size, max_num_seqs)
 
-    def attach(self, engine, target_kv_caches, sampler) -> None:
-        self.block_ids_of = engine.kv.get_block_ids
-        self.sampler = sampler
+    def _held_block_ids(self, request) -> list[int]:
+        held = -(-request.num_computed_tokens // self.block_size)
+        return self.tables.row(request.request_id)[:held].tolist()
 
     @torch.inference_mode()
     def propose(self, requests, num_tokens):
@@ -52,7 +71,7 @@ class ModelProposer(Proposer):
 
     def _scratch_needed(self, request, k: int) -> int:
         last_pos = request.num_tokens - 1 + k - 1
-        return max(0, last_pos // self.block_size + 1 - len(self.block_ids_of(request.request_id)))
+        return max(0, last_pos // self.block_size + 1 - -(-request.num_computed_tokens // self.block_size))
 
     def _propose_group(self, requests, num_tokens, group, results) -> None:
         bs, dev = self.block_size, self.device
@@ -60,7 +79,7 @@ class ModelProposer(Proposer):
         ks = [num_tokens[i] for i in group]
         tables, next_scratch = [], self.num_blocks
         for r, k in zip(reqs, ks):
-            table = self.block_ids_of(r.request_id)
+            table = self._held_block_ids(r)
             need = self._scratch_needed(r, k)
             tables.append(table + list(range(next_scratch, next_scratch + need)))
             next_scratch += need
@@ -120,56 +139,18 @@ class ModelProposer(Proposer):
 
 
 class DraftModelProposer(ModelProposer):
-    """A separate, smaller model with the target's vocabulary and its own KV tensors."""
+    """A separate, smaller model with the target's vocabulary and its own KV tensors (see build_speculator)."""
 
     name = "draft"
-
-    def __init__(self, model, num_layers, num_blocks, block_size, max_num_seqs, k, device, dtype):
-        super().__init__(model, num_layers, num_blocks, block_size, max_num_seqs, k, device)
-        from testbed.executor.model_runner import allocate_kv_cache
-
-        self.kv_caches = allocate_kv_cache(
-            model.arch, num_blocks + self.num_scratch, block_size, num_layers, dtype, device
-        )
-
-        self.host_kv_caches = None  # swap preemption: the draft's host pool, same ids as the target's
-        self.engine = None
-
-    def attach(self, engine, target_kv_caches, sampler) -> None:
-        super().attach(engine, target_kv_caches, sampler)
-        self.engine = engine
 
     @torch.inference_mode()
     def observe(self, inputs) -> None:
         self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, num_layers=self.num_layers)
 
-    @torch.inference_mode()
-    def copy_blocks(self, src, dst, to_host) -> None:
-        from testbed.executor.model_runner import allocate_kv_cache, copy_kv_blocks
-
-        if self.host_kv_caches is None:
-            swap = self.engine.scheduler.swap
-            self.host_kv_caches = allocate_kv_cache(
-                self.model.arch,
-                swap.num_cpu_blocks,
-                self.block_size,
-                self.num_layers,
-                self.kv_caches[0][0].dtype,
-                "cpu",
-            )
-        copy_kv_blocks(self.kv_caches, self.host_kv_caches, src, dst, to_host)
-
 
 class LayerSkipProposer(ModelProposer):
     """Self-speculation: the target's first L layers, its final norm and LM head. No extra weights; the
-    target's own KV of those layers is the draft's, so observe() has nothing to do."""
+    target's own KV of those layers is the draft's (its tensors carry the scratch blocks), so observe()
+    has nothing to do."""
 
     name = "layerskip"
-
-    @property
-    def extra_target_kv_blocks(self) -> int:
-        return self.num_scratch
-
-    def attach(self, engine, target_kv_caches, sampler) -> None:
-        super().attach(engine, target_kv_caches, sampler)
-        self.kv_caches = target_kv_caches[: self.num_layers]

@@ -21,13 +21,6 @@ class Speculator:
         self.metrics = SpecMetrics(config.method, self.k)
         self.draft_probs: dict[str, torch.Tensor] = {}  # request id -> q of its pending drafts
 
-    @property
-    def extra_target_kv_blocks(self) -> int:
-        return self.proposer.extra_target_kv_blocks
-
-    def attach(self, engine, target_kv_caches, sampler) -> None:
-        self.proposer.attach(engine, target_kv_caches, sampler)
-
     # ---- drafting (engine, after each step) ---------------------------------------------------
     def num_drafts_allowed(self, request: Request) -> int:
         """Drafts beyond these could never be emitted (max_tokens, the model's context)."""
@@ -66,9 +59,6 @@ class Speculator:
         start = time.perf_counter()
         self.proposer.observe(inputs)
         self.metrics.propose_time_s += time.perf_counter() - start
-
-    def copy_blocks(self, src: list[int], dst: list[int], to_host: bool) -> None:
-        self.proposer.copy_blocks(src, dst, to_host)
 
     def verify(self, requests: list[Request], num_logits: list[int], logits: torch.Tensor, sampler):
         """logits: the rows of every request with num_logits > 0, concatenated in order.

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from testbed.core.kv_cache_manager import KVCacheManager
-from testbed.executor.host_buffers import BlockTables
+from testbed.executor.block_tables import BlockTables
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
 
@@ -23,8 +23,8 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 3, 4, 16]), caching=st.booleans())
     def setup(self, num_blocks, block_size, caching):
         self.kv = KVCacheManager(num_blocks, block_size, caching)
-        # persistent block-table rows kept in sync by the manager's change reports (tiny: rows/width grow)
-        self.tables = BlockTables(self.kv.req_blocks.get, 1, 1, self.kv.watch())
+        # persistent block-table rows kept by the manager's change reports only (tiny: rows/width grow)
+        self.tables = BlockTables(1, 1)
 
     @precondition(lambda self: self.kv is not None)
     @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=20))
@@ -58,7 +58,7 @@ class PoolMachine(RuleBasedStateMachine):
         req = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
         self.kv.free(req)
         if how != "preempt":
-            self.tables.forget([req.request_id])
+            self.tables.apply([req.request_id], {})
         if how == "preempt":
             req.num_computed_tokens = 0  # may be re-admitted later as a new request
 
@@ -100,7 +100,8 @@ class PoolMachine(RuleBasedStateMachine):
             assert limit <= len(self.kv.req_blocks[rid]) * bs
             if self.kv.enable_prefix_caching:
                 assert limit < (self.kv.req_num_hashed.get(rid, 0) + 1) * bs
-        # the persistent rows, synced from change reports only
+        # the persistent rows, kept from change reports only
+        self.tables.apply([], self.kv.take_block_updates())
         ids = sorted(self.live)
         for rid, row in zip(ids, self.tables.rows(ids)):
             assert self.tables.table[row, : len(self.kv.req_blocks[rid])].tolist() == self.kv.get_block_ids(rid)

@@ -1,7 +1,7 @@
 """The GPU execution path: CUDA-graph decode (padding to captured sizes), pinned input staging, no syncs.
 
-CPU-checkable parts run everywhere: capture sizes and padding, the persistent block tables against a
-naive rebuild through preemption / prefix hits / speculative trims, and the graph path run eagerly
+CPU-checkable parts run everywhere: capture sizes and padding, the persistent block tables against the
+allocator's block lists through preemption / prefix hits / speculative trims, and the graph path run eagerly
 (static buffers, padded rows) against plain eager. GPU tests are marked `gpu` and skip without CUDA.
 """
 
@@ -13,13 +13,8 @@ import pytest
 import torch
 
 from testbed import LLM, SamplingParams
-from testbed.executor import inputs as inputs_module
 from testbed.executor import model_runner as model_runner_module
-from testbed.executor.cuda_graphs import (
-    default_capture_sizes,
-    padded_batch_size,
-    setup_fast_path,
-)
+from testbed.executor.cuda_graphs import default_capture_sizes, padded_batch_size
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"  # Triton needs CUDA tensors unless it runs in the interpreter
@@ -51,25 +46,25 @@ def test_padded_batch_size():
     assert padded_batch_size(17, sizes) is None
 
 
-# ---- persistent block tables == a naive rebuild ---------------------------------------------------------
-def _check_against_naive(monkeypatch, engine):
-    """Wrap prepare_inputs: every step's buffered inputs must equal the naive (per-step lists) build."""
-    original = inputs_module.prepare_inputs
+# ---- block tables kept from the SchedulerOutputs == the allocator's lists ------------------------------
+def _check_against_allocator(monkeypatch, engine):
+    """Wrap prepare_inputs: every step's block tables and slots must be what the allocator's block lists
+    give (the executor only ever sees the changes pushed in SchedulerOutputs)."""
+    original = model_runner_module.prepare_inputs
     steps = []
+    block_size = engine.config.block_size
 
-    def checked(out, block_ids_of, block_size, device, buffers=None, pad_to=None):
-        naive = original(out, engine.kv.get_block_ids, block_size, device)
-        fast = original(out, block_ids_of, block_size, device, buffers, pad_to)
-        for name in ("input_ids", "positions", "logits_indices"):
-            assert torch.equal(getattr(fast, name).cpu(), getattr(naive, name).cpu()), name
-        for name in ("slot_mapping", "query_start_loc", "seq_lens"):
-            assert torch.equal(getattr(fast.meta, name).cpu(), getattr(naive.meta, name).cpu()), name
-        assert fast.num_logits == naive.num_logits
-        assert fast.meta.max_seq_len == naive.meta.max_seq_len
-        assert fast.meta.max_query_len == naive.meta.max_query_len
-        for i, n in enumerate(naive.meta.seq_lens.tolist()):  # only the blocks a kernel may read
-            used = -(-n // block_size)
-            assert torch.equal(fast.meta.block_tables[i, :used].cpu(), naive.meta.block_tables[i, :used].cpu())
+    def checked(out, tables, buffers, pad_to=None):
+        fast = original(out, tables, buffers, pad_to)
+        positions = fast.positions.cpu().tolist()
+        starts = fast.meta.query_start_loc.cpu().tolist()
+        for i, (request, n) in enumerate(zip(out.requests, fast.meta.seq_lens.tolist())):
+            ids = engine.kv.get_block_ids(request.request_id)
+            used = -(-n // block_size)  # only the blocks a kernel may read
+            assert fast.meta.block_tables[i, :used].cpu().tolist() == ids[:used]
+            for row in range(starts[i], starts[i + 1]):
+                pos = positions[row]
+                assert fast.meta.slot_mapping[row] == ids[pos // block_size] * block_size + pos % block_size
         steps.append(1)
         return fast
 
@@ -95,14 +90,14 @@ def test_block_tables_match_naive(monkeypatch, mode):
         )
         prompts = [(p[:6] * 6)[:30] for p in prompts]  # repetitive: ngram drafts, some rejected
     llm = LLM(**kw)
-    steps = _check_against_naive(monkeypatch, llm.engine)
+    steps = _check_against_allocator(monkeypatch, llm.engine)
     greedy(llm, prompts, max_tokens=24)
     assert len(steps) > 10
     if mode == "preemption":
         assert llm.engine.scheduler.num_preemptions > 0
     if mode == "prefix_cache":
         assert llm.engine.kv.prefix_hits > 0
-    tables = llm.engine.executor.input_buffers.tables
+    tables = llm.engine.executor.tables
     assert len(tables.row_of) <= llm.engine.config.max_num_seqs  # finished requests are forgotten
 
 
@@ -132,8 +127,7 @@ def test_padded_graph_path_matches_eager(kernel):
         enforce_eager=True,
     )
     eager = greedy(LLM(**kw), prompts, max_tokens)
-    llm = LLM(**kw, cuda_graph_sizes=[1, 2, 4, 8])
-    setup_fast_path(llm.engine, llm.engine.executor.kv_caches, dry_run_graphs=True)
+    llm = LLM(**kw, cuda_graph_sizes=[1, 2, 4, 8], cuda_graph_dry_run=True)
     graphs = llm.engine.executor.cuda_graphs
     assert graphs is not None and not graphs.use_graphs
     padded = greedy(llm, prompts, max_tokens)

@@ -4,6 +4,7 @@ allocators): KV stats from counters == the full per-request accounting, the sche
 sum, the persistent block tables == the allocator's block lists, the stop-token filter == checking every
 token, and lazily built outputs == the request's state at the step that returned them."""
 
+import copy
 import random
 
 import numpy as np
@@ -15,6 +16,7 @@ from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerConfig
 from testbed.request import Request
+from testbed.stopping import check_token_stop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -58,14 +60,17 @@ class StepCheck:
         self.check_tables()
 
     def check_tables(self):
-        """The executor's persistent rows hold every block a running request has (synced on the next
-        step; sync now, as prepare_inputs does, through a copy of what it would see)."""
-        tables = self.engine.executor.input_buffers.tables
-        ids = [r.request_id for r in self.engine.scheduler.running]
-        tables.forget(self.engine.scheduler._finished_ids)
+        """The executor's persistent rows, with the changes the next SchedulerOutput will carry applied,
+        hold every block a running request has (applied to a copy: the engine's rows are untouched)."""
+        kv, scheduler = self.engine.kv, self.engine.scheduler
+        tables = copy.deepcopy(self.engine.executor.tables)
+        pending = {rid: (first, kv.get_block_ids(rid)[first:]) for rid, first in kv._block_changes.items()}
+        tables.apply(scheduler._finished_ids, pending)
+        ids = [r.request_id for r in scheduler.running]
         rows = tables.rows(ids)
+        assert not set(tables.row_of) & set(scheduler._finished_ids)
         for rid, row in zip(ids, rows):
-            block_ids = self.engine.kv.get_block_ids(rid)
+            block_ids = kv.get_block_ids(rid)
             assert tables.table[row, : len(block_ids)].tolist() == block_ids, rid
 
 
@@ -119,16 +124,6 @@ def test_fast_paths_match_slow_ones_every_step(mode):
         assert 0 < stats["accepted"] < stats["drafted"], "want rejections (trims) exercised"
 
 
-def test_block_tables_without_change_reports_still_sync():
-    """Allocators without watch() (or a BlockTables built without one) check every row instead."""
-    llm = LLM(model="tiny", **MODES["preempt_prefix"])
-    tables = llm.engine.executor.input_buffers.tables
-    tables.changes = None
-    check = StepCheck(llm.engine)
-    llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    assert check.steps > 10 and llm.engine.scheduler.num_preemptions > 0
-
-
 # ---- stop checks ---------------------------------------------------------------------------------------
 def _reference_append(sched, request, tokens, now):
     """What update did before the filter: _check_stop after every token."""
@@ -136,7 +131,7 @@ def _reference_append(sched, request, tokens, now):
     for token in tokens:
         request.append_output_token(token, None, now)
         appended.append(token)
-        if sched._check_stop(request, token):
+        if check_token_stop(request, token, sched.config.max_model_len):
             break
     return appended
 

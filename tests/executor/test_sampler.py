@@ -101,10 +101,10 @@ def test_stop_token_and_max_tokens(tiny):
 
 
 def test_eos_stops_unless_ignored(tiny):
-    eos = tiny.engine.arch.eos_token_ids[0]
+    eos = list(tiny.engine.eos_token_ids)
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     tokens = tiny.generate([list(range(100, 110))], greedy)[0].outputs[0].token_ids
-    tiny.engine.arch.eos_token_ids[:] = [tokens[2]]
+    tiny.engine.eos_token_ids[:] = [tokens[2]]  # what the engine gives each new request
     try:
         req = tiny.engine.add_request("eos-test", list(range(100, 110)), SamplingParams(temperature=0.0, max_tokens=8))
         while tiny.engine.has_unfinished():
@@ -112,4 +112,4 @@ def test_eos_stops_unless_ignored(tiny):
         assert req.output_token_ids == tokens[: tokens.index(tokens[2]) + 1]
         assert req.status.value == "stop"
     finally:
-        tiny.engine.arch.eos_token_ids[:] = [eos]
+        tiny.engine.eos_token_ids[:] = eos

@@ -64,21 +64,42 @@ class KVCacheStats:
 
 
 class KVAllocator:
-    """What the scheduler, engine and executor need from a KV-memory allocator.
+    """What the scheduler needs from a KV-memory allocator.
 
-    Subclasses implement the allocation calls; the accounting (`stats`) and the prefix-cache
-    counters live here, shared by all. Subclasses also keep `req_blocks`: request id -> the list of
-    its blocks (objects with a `block_id`), replaced by a new list whenever the request is freely
-    re-allocated (the executor's block-table staging syncs from it)."""
+    Subclasses implement the allocation calls; the accounting (`stats`), the prefix-cache counters and
+    the block-table change reports live here, shared by all. Subclasses keep `req_blocks`: request id ->
+    the list of its blocks (objects with a `block_id`), and call `_changed(rid, first)` whenever that list
+    changes from position `first` on (blocks taken or trimmed), and drop the report when they free it.
+
+    The executor never reads an allocator: `take_block_updates` drains the reports into the
+    SchedulerOutput, which carries them forward (vLLM v1 pushes new block ids the same way)."""
 
     name = "base"
     block_size: int
     num_blocks: int
+    req_blocks: dict[str, list]
     enable_prefix_caching = False
 
     def _init_counters(self) -> None:
         self.prefix_queries = 0  # prefix-cache counters, in tokens, over first schedulings
         self.prefix_hits = 0
+        self._block_changes: dict[str, int] = {}  # request id -> first block position changed, not yet reported
+
+    # ---- block-table change reports -----------------------------------------------------------------
+    def _changed(self, request_id: str, first: int) -> None:
+        old = self._block_changes.get(request_id)
+        if old is None or first < old:
+            self._block_changes[request_id] = first
+
+    def take_block_updates(self) -> dict[str, tuple[int, list[int]]]:
+        """Every block list that changed since the last call: request id -> (first changed position, the
+        block ids from there on). A freed request has no entry (its next allocation reports from 0)."""
+        changes = self._block_changes
+        if not changes:
+            return {}
+        self._block_changes = {}
+        req_blocks = self.req_blocks
+        return {rid: (first, [b.block_id for b in req_blocks[rid][first:]]) for rid, first in changes.items()}
 
     # ---- allocation (subclasses) ------------------------------------------------------------------
     def get_computed_blocks(self, request: Request):
@@ -146,6 +167,17 @@ class KVAllocator:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
     # ---- the accounting -----------------------------------------------------------------------------
+    def running_stats(
+        self, running: list[Request], num_computed_tokens: int, max_model_len: int, blocked: Request | None
+    ) -> KVCacheStats:
+        """The breakdown after a step, for the scheduler's running requests (num_computed_tokens: theirs,
+        summed; the paged allocator answers from its counters in O(1))."""
+        return self.stats(
+            {r.request_id: r.num_computed_tokens for r in running},
+            {r.request_id: final_length(r, max_model_len) for r in running},
+            blocked,
+        )
+
     def stats(
         self, token_counts: dict[str, int], final_lens: dict[str, int] | None = None, blocked: Request | None = None
     ) -> KVCacheStats:

@@ -95,6 +95,7 @@ class ContiguousAllocator(KVAllocator):
         self.runs[request.request_id] = (start, need)
         self._ids[request.request_id] = ids = list(range(start, start + need))
         self.req_blocks[request.request_id] = self._units[start : start + need]
+        self._changed(request.request_id, 0)
         self._num_free -= need
         return ids
 
@@ -104,6 +105,7 @@ class ContiguousAllocator(KVAllocator):
             return
         del self._ids[request.request_id]
         del self.req_blocks[request.request_id]
+        self._block_changes.pop(request.request_id, None)
         start, length = run
         self._num_free += length
         i = bisect.bisect_left(self.holes, [start, 0])

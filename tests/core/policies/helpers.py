@@ -39,10 +39,8 @@ class Sim:
     ):
         self.clock = Clock()
         self.kv = get_allocator(cache, num_blocks, block_size, eviction=eviction, max_model_len=max_model_len)
-        self.copies = []  # (src, dst, to_host) of every swap copy
-        swap = None
-        if swap_blocks:
-            swap = SwapManager(self.kv, swap_blocks, lambda s, d, h: self.copies.append((list(s), list(d), h)))
+        self.copies = []  # (src, dst, to_host) of every swap copy handed to the executor, in order
+        swap = SwapManager(self.kv, swap_blocks) if swap_blocks else None
         self.sched = Scheduler(
             SchedulerConfig(budget, max_num_seqs, True, max_model_len),
             self.kv,
@@ -69,6 +67,7 @@ class Sim:
             self.sched.add_request(self.pending.pop(0)[1])
         decodes = [r for r in self.sched.running if r.num_computed_tokens >= r.num_tokens - 1]
         out = self.sched.schedule()
+        self.copies.extend(out.kv_copies)
         sampled = [
             [7] if r.num_computed_tokens + n >= r.num_tokens else None for r, n in zip(out.requests, out.num_new_tokens)
         ]

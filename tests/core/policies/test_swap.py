@@ -28,18 +28,21 @@ def test_swap_restores_the_same_kv_bytes():
         idx = torch.tensor(ids, dtype=torch.long)
         return [t[idx].clone() for layer in runner.kv_caches for t in layer]
 
-    def copy(src, dst, to_host):
-        if to_host:  # device blocks src about to go out: remember them
-            saved[tuple(dst)] = (list(src), blocks(src))
-            runner.copy_blocks(src, dst, True)
-        else:  # back in: the new device blocks hold the same bytes
-            runner.copy_blocks(src, dst, False)
-            old_ids, before = saved.pop(tuple(src))
-            after = blocks(dst)
-            checked.append(old_ids != list(dst))
-            assert all(torch.equal(a, b) for a, b in zip(before, after))
+    run_copies = runner.copier.run
 
-    swap.copy = copy
+    def run_checked(copies):
+        for src, dst, to_host in copies:
+            if to_host:  # device blocks src about to go out: remember them
+                saved[tuple(dst)] = (list(src), blocks(src))
+                run_copies([(src, dst, True)])
+            else:  # back in: the new device blocks hold the same bytes
+                run_copies([(src, dst, False)])
+                old_ids, before = saved.pop(tuple(src))
+                after = blocks(dst)
+                checked.append(old_ids != list(dst))
+                assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+    runner.copier.run = run_checked
 
     prompts, max_tokens = workload(10)
     for i, (p, m) in enumerate(zip(prompts, max_tokens)):

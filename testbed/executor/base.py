@@ -1,0 +1,21 @@
+"""The one executor interface: run a SchedulerOutput, return what it sampled.
+
+Implemented by the model runner (a real forward), the null executor (no model: host-side cost) and the
+simulated executor (a cost model on a virtual clock). The SchedulerOutput carries everything an executor
+needs (block-table changes, swap copies, finished ids); an executor never reads the scheduler's state.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from testbed.core.scheduler import SchedulerOutput
+
+
+@dataclass
+class ExecutorOutput:
+    sampled: list[list[int] | None]  # per scheduled request: new tokens (None mid-prefill)
+    logprobs: list[list[float] | None] | None = None
+
+
+class Executor(Protocol):
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput: ...

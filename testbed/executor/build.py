@@ -1,0 +1,112 @@
+"""Build the executor the config asks for, with everything it needs, in one pass (no part is completed
+or replaced afterwards)."""
+
+from typing import NamedTuple
+
+import torch
+
+from testbed.config import EngineConfig
+from testbed.executor.block_tables import BlockTables
+from testbed.executor.cuda_graphs import CudaGraphRunner, default_capture_sizes, use_cuda_graphs
+from testbed.executor.host_buffers import InputBuffers
+from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache
+from testbed.executor.model_runner import ModelRunner
+from testbed.executor.null_executor import NullExecutor
+from testbed.executor.sampler import Sampler
+from testbed.models.build import ModelSpec, build_model
+from testbed.spec import SpeculativeConfig, Speculator, build_speculator
+from testbed.spec.draft import DraftModelProposer, num_scratch_blocks
+
+# block-table columns beyond max_model_len's blocks: speculative lookahead
+LOOKAHEAD_BLOCKS = 8
+
+
+class ExecutorParts(NamedTuple):
+    executor: object  # an Executor (testbed.executor.base)
+    model: torch.nn.Module | None  # the target model (None: no model runs)
+    speculator: Speculator | None  # drafts after each step (the engine's side of it)
+
+
+def build_executor(
+    config: EngineConfig,
+    spec: ModelSpec,
+    backend,
+    num_blocks: int,
+    num_cpu_blocks: int | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> ExecutorParts:
+    """num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool)."""
+    width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS
+    tables = BlockTables(width, config.max_num_seqs)
+    if config.executor == "null":
+        eos = set(spec.eos_token_ids)
+        token = next(t for t in range(len(eos) + 1) if t not in eos)  # never ends a request by itself
+        seqs = config.max_num_seqs
+        buffers = InputBuffers(config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, "cpu", False)
+        return ExecutorParts(NullExecutor(tables, buffers, token), None, None)
+
+    model = build_model(spec, backend, dtype, device, config.seed)
+    sampler = Sampler(config.seed, device)
+    spec_config = SpeculativeConfig.from_any(config.speculative_config)
+    scratch = 0
+    if spec_config.method == "layerskip":  # the draft writes its KV into the target's tensors
+        scratch = num_scratch_blocks(spec_config.num_speculative_tokens, config.block_size, config.max_num_seqs)
+    kv_caches = allocate_kv_cache(
+        spec.arch, num_blocks + scratch, config.block_size, spec.arch.num_hidden_layers, dtype, device
+    )
+    speculator = build_speculator(
+        spec_config,
+        target=model,
+        target_kv_caches=kv_caches,
+        tables=tables,
+        sampler=sampler,
+        backend=backend,
+        dtype=dtype,
+        device=device,
+        num_blocks=num_blocks,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=spec.max_model_len,
+        seed=config.seed,
+    )
+    copier = None
+    if num_cpu_blocks is not None:
+        pairs = [
+            (
+                kv_caches,
+                allocate_kv_cache(
+                    spec.arch, num_cpu_blocks, config.block_size, spec.arch.num_hidden_layers, dtype, "cpu"
+                ),
+            )
+        ]
+        proposer = speculator.proposer if speculator else None
+        if isinstance(proposer, DraftModelProposer):  # the draft's own KV moves with the target's
+            pairs.append(
+                (
+                    proposer.kv_caches,
+                    allocate_kv_cache(
+                        proposer.model.arch, num_cpu_blocks, config.block_size, proposer.num_layers, dtype, "cpu"
+                    ),
+                )
+            )
+        copier = KVBlockCopier(pairs)
+
+    graphs = config.cuda_graph_dry_run or use_cuda_graphs(config.enforce_eager, backend, device)
+    sizes = config.cuda_graph_sizes or default_capture_sizes(config.max_num_seqs)
+    seqs = max(config.max_num_seqs, max(sizes)) if graphs else config.max_num_seqs
+    buffers = InputBuffers(
+        config.block_size,
+        max(config.max_num_batched_tokens, seqs),
+        seqs,
+        width,
+        device,
+        static=True if graphs else None,
+    )
+    cuda_graphs = None
+    if graphs:
+        cuda_graphs = CudaGraphRunner(
+            model, kv_caches, buffers, sizes, spec.max_model_len, capture=not config.cuda_graph_dry_run
+        ).capture()
+    runner = ModelRunner(model, kv_caches, tables, buffers, sampler, copier, speculator, cuda_graphs)
+    return ExecutorParts(runner, model, speculator)

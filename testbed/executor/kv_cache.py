@@ -1,0 +1,72 @@
+"""The KV tensors: sizing them from memory, allocating them, and copying blocks for swap preemption.
+
+Per layer a (k, v) pair of [num_blocks, block_size, num_kv_heads, head_dim]; slot s is block s // block_size,
+offset s % block_size.
+"""
+
+import torch
+
+from testbed.core.swap import KVCopy
+
+
+def kv_bytes_per_block(arch, dtype: torch.dtype, block_size: int) -> int:
+    return arch.kv_bytes_per_token(dtype.itemsize) * block_size
+
+
+def num_blocks_from_memory(
+    arch,
+    dtype: torch.dtype,
+    block_size: int,
+    device: torch.device,
+    kv_cache_memory_gb: float,
+    gpu_memory_utilization: float,
+) -> int:
+    """Blocks that fit the KV budget: a share of free GPU memory on CUDA, kv_cache_memory_gb elsewhere."""
+    per_block = kv_bytes_per_block(arch, dtype, block_size)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = free - total * (1 - gpu_memory_utilization)
+    else:
+        budget = kv_cache_memory_gb * 2**30
+    num_blocks = int(budget // per_block)
+    if num_blocks < 1:
+        raise ValueError(f"KV-cache budget of {budget / 2**30:.3f} GiB holds no block of {per_block} bytes")
+    return num_blocks
+
+
+def num_host_blocks(arch, dtype: torch.dtype, block_size: int, swap_space_gb: float) -> int:
+    """Blocks of the host pool for swap preemption, sized like the device cache from swap_space_gb."""
+    return max(1, int(swap_space_gb * 2**30 // kv_bytes_per_block(arch, dtype, block_size)))
+
+
+def allocate_kv_cache(arch, num_blocks: int, block_size: int, num_layers: int, dtype, device) -> list:
+    shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(num_layers)
+    ]
+
+
+def copy_kv_blocks(device_caches, host_caches, src: list[int], dst: list[int], to_host: bool) -> None:
+    """KV blocks src -> dst, device -> host pool (to_host) or back, every layer."""
+    src_ids, dst_ids = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
+    for device_kv, host_kv in zip(device_caches, host_caches):
+        for dev, host in zip(device_kv, host_kv):
+            if to_host:
+                host[dst_ids] = dev[src_ids.to(dev.device)].to("cpu")
+            else:
+                dev[dst_ids.to(dev.device)] = host[src_ids].to(dev.device)
+
+
+class KVBlockCopier:
+    """Runs a SchedulerOutput's swap copies, in order, over every (device caches, host pool) pair: the
+    target model's and, with a draft model, the draft's (its KV lives in the same block ids)."""
+
+    def __init__(self, pairs: list[tuple[list, list]]):
+        self.pairs = pairs
+
+    @torch.inference_mode()
+    def run(self, copies: list[KVCopy]) -> None:
+        for src, dst, to_host in copies:
+            for device_caches, host_caches in self.pairs:
+                copy_kv_blocks(device_caches, host_caches, src, dst, to_host)
