@@ -19,6 +19,7 @@ from testbed.outputs import RequestOutput
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.spec import build_speculator
+from testbed.validation import check_kv_cache_fits, check_request_types
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Engine:
         )
         self.max_model_len = self.model.max_positions
         num_blocks = config.num_blocks or self._blocks_from_memory()
+        check_kv_cache_fits(config, num_blocks, self.arch.kv_bytes_per_token(self.dtype.itemsize) * bs, self.device)
         self.kv = get_allocator(
             config.cache,
             num_blocks,
@@ -134,6 +136,7 @@ class Engine:
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
         """Raise before any work if this request can never run."""
+        check_request_types(prompt_token_ids, params, request_id)
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError(f"request {request_id}: the prompt is empty")
