@@ -1,6 +1,7 @@
 """Entry point: `python run.py [overrides]` (or `testbed-run [overrides]`, from any directory) assembles the
 engine from conf/ and runs the chosen mode."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -33,9 +34,10 @@ def main(cfg: DictConfig) -> dict:
             from experiments.offline import run_offline
 
             return run_offline(engine, cfg.workload, out_dir, cfg)
-        except KeyboardInterrupt:  # the runner has written what it measured (summary: interrupted)
-            print(f"interrupted: partial results in {out_dir}", file=sys.stderr)
-            sys.exit(130)
+        except KeyboardInterrupt as e:  # the runner has written what it measured (summary: interrupted)
+            signum = getattr(e, "signum", signal.SIGINT)  # experiments.runner.RunInterrupted: which signal
+            print(f"interrupted ({signal.Signals(signum).name}): partial results in {out_dir}", file=sys.stderr)
+            sys.exit(128 + signum)
     if mode == "serve":
         from testbed.server import serve
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from rich.console import Console
 
+from experiments.atomic import atomic_write_text
 from experiments.recorder import Recorder
 from experiments.runner import replay_specs
 from experiments.traces import RequestSpec
@@ -77,6 +78,6 @@ def run_offline(engine: Engine, workload, out_dir: Path, cfg=None) -> dict:
         trace_report={"format": "builtin_prompts", "requests": len(specs)},
     )
     samples = [{"question": s.meta["question"], "answer": recorder.texts.get(s.request_id, "")} for s in specs]
-    (Path(out_dir) / "samples.json").write_text(json.dumps(samples, indent=2))
+    atomic_write_text(Path(out_dir) / "samples.json", json.dumps(samples, indent=2))
     Console().print(f"first answer: {samples[0]['answer'][:200]!r}")
     return summary

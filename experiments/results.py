@@ -9,19 +9,27 @@
 
 The sweep table is <run_dir>/../sweep.csv by default: a Hydra multirun's sweep dir, or the experiment's
 folder for single runs. Appends hold an exclusive lock on the table (runs of a Slurm array may finish
-together); a row with new columns rewrites the table with the union of columns.
+together) and add their row with one write(2); a row with new columns rewrites the table with the union of
+columns. Every whole-file write is atomic (experiments.atomic): a reader, or a run killed mid-write, sees
+the previous complete file or the new one. summary.json is written last and removed first when a folder is
+rewritten, so a run folder holding summary.json is complete. Interrupted or failed runs keep their row
+(`interrupted`, `error` columns); `read_sweep` leaves them out unless asked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+
+from experiments.atomic import atomic_write_text, atomic_write_with, fsync_dir
 
 SWEEP_TABLE = "sweep.csv"
 
@@ -46,9 +54,11 @@ def _clean(obj):
 
 
 def write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(data), indent=2, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(_clean(data), indent=2, default=_json_default) + "\n")
+
+
+def write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    atomic_write_with(path, lambda f: frame.to_parquet(f, index=False))
 
 
 def write_run(
@@ -61,19 +71,32 @@ def write_run(
     trace_report: dict | None = None,
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_yaml)
-    requests.to_parquet(run_dir / "requests.parquet", index=False)
-    steps.to_parquet(run_dir / "steps.parquet", index=False)
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():  # rewriting a folder: until the new summary lands, the folder reads incomplete
+        summary_path.unlink()
+        fsync_dir(run_dir)
+    atomic_write_text(run_dir / "config.yaml", config_yaml)
+    write_parquet(run_dir / "requests.parquet", requests)
+    write_parquet(run_dir / "steps.parquet", steps)
     if trace_report is not None:
         write_json(run_dir / "trace_report.json", trace_report)
-    write_json(run_dir / "summary.json", summary)  # last: its presence marks a complete write
+    write_json(summary_path, summary)  # last: its presence marks a complete write
 
 
 def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """(summary, requests, steps) of one run folder."""
     run_dir = Path(run_dir)
+    if not (run_dir / "summary.json").is_file():
+        raise FileNotFoundError(f"{run_dir}: no summary.json: not a run folder, or its writer stopped before finishing")
     summary = json.loads((run_dir / "summary.json").read_text())
-    return summary, pd.read_parquet(run_dir / "requests.parquet"), pd.read_parquet(run_dir / "steps.parquet")
+    return summary, read_parquet(run_dir / "requests.parquet"), read_parquet(run_dir / "steps.parquet")
+
+
+def read_parquet(path: Path) -> pd.DataFrame:
+    """A parquet file read through one open handle: given a path, pyarrow opens it more than once, and a
+    file replaced in between would be read half old, half new."""
+    with open(path, "rb") as f:
+        return pd.read_parquet(f)
 
 
 def sweep_row(summary: dict, info: dict) -> dict:
@@ -85,27 +108,65 @@ def sweep_row(summary: dict, info: dict) -> dict:
     return row
 
 
+@contextlib.contextmanager
+def _locked(table: Path) -> Iterator:
+    """The table opened for appending (binary), under an exclusive flock of the file itself.
+
+    A rewrite renames a new file over the table, so a writer that was waiting for the lock may hold the
+    old, unlinked file: it checks after locking that its file is still the one at `table`, else retries."""
+    while True:
+        with open(table, "a+b") as f:  # O_APPEND: every write goes to the end; closing releases the lock
+            fcntl.flock(f, fcntl.LOCK_EX)
+            mine, current = os.fstat(f.fileno()), os.stat(table)
+            if (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino):
+                yield f
+                return
+
+
+def _append(f, text: str) -> None:
+    """One write(2) of the whole row: a process killed here has appended all of it or none of it."""
+    data = text.encode()
+    written = os.write(f.fileno(), data)
+    while written < len(data):  # a regular file takes it in one go; this is for odd filesystems
+        written += os.write(f.fileno(), data[written:])
+    os.fsync(f.fileno())
+
+
 def append_sweep_row(table: Path, row: dict) -> None:
     """Append one row under an exclusive lock on the table itself (no lock file is left behind)."""
     table.parent.mkdir(parents=True, exist_ok=True)
     new = pd.DataFrame([_clean(row)])
-    with open(table, "a+", newline="") as f:  # O_APPEND: every write goes to the end
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with _locked(table) as f:
         f.seek(0)
-        text = f.read()
-        if not text.strip():
-            new.to_csv(f, index=False)
+        first_line = f.readline().decode()
+        if not first_line.strip():
+            _append(f, new.to_csv(index=False))
             return
-        header = pd.read_csv(io.StringIO(text), nrows=0).columns.tolist()
+        header = pd.read_csv(io.StringIO(first_line), nrows=0).columns.tolist()
         if set(new.columns) <= set(header):
-            new.reindex(columns=header).to_csv(f, header=False, index=False)
+            f.seek(-1, os.SEEK_END)
+            sep = "" if f.read(1) == b"\n" else "\n"  # after a torn write by an older writer, start a new line
+            _append(f, sep + new.reindex(columns=header).to_csv(header=False, index=False))
             return
-        merged = pd.concat([pd.read_csv(io.StringIO(text)), new], ignore_index=True)  # new columns
-        f.truncate(0)
-        merged.to_csv(f, index=False)
+        f.seek(0)
+        merged = pd.concat([pd.read_csv(f), new], ignore_index=True)  # new columns: rewrite the whole table
+        atomic_write_text(table, merged.to_csv(index=False))
 
 
-def read_sweep(path: str | Path) -> pd.DataFrame:
-    """A sweep table, from its CSV or the folder holding it."""
+def _true(column: pd.Series) -> pd.Series:
+    return column.astype(str).str.strip().str.lower() == "true"
+
+
+def read_sweep(path: str | Path, include_incomplete: bool = False) -> pd.DataFrame:
+    """A sweep table, from its CSV or the folder holding it. Runs that were interrupted (signal, Ctrl-C) or
+    failed are left out unless include_incomplete: their figures cover only part of the workload."""
     path = Path(path)
-    return pd.read_csv(path / SWEEP_TABLE if path.is_dir() else path)
+    table = pd.read_csv(path / SWEEP_TABLE if path.is_dir() else path)
+    if include_incomplete:
+        return table
+    partial = pd.Series(False, index=table.index)
+    if "interrupted" in table:
+        partial |= _true(table["interrupted"])
+    if "error" in table:
+        partial |= table["error"].notna() & (table["error"].astype(str).str.strip() != "")
+    return table[~partial].reset_index(drop=True)

@@ -6,9 +6,11 @@
 
 `run_trace(cfg, run_dir)` is the Hydra-free entry (any mapping-like cfg with the keys of conf/config.yaml);
 `replay_specs` runs an already built request list (the built-in offline workload uses it too).
-Ctrl-C: in-flight requests are aborted, everything measured so far is written (summary.json says
-"interrupted": true) and KeyboardInterrupt is re-raised. An exception during the replay is handled the
-same way (summary.json "error": the message) and re-raised.
+Ctrl-C, SIGTERM (Slurm's scancel and time limit, `docker stop`, `kill`) and SIGHUP (a closed terminal):
+in-flight requests are aborted, everything measured so far is written (summary.json says
+"interrupted": true and names the signal) and RunInterrupted (a KeyboardInterrupt) is re-raised; run.py
+exits with 128 + the signal number. An exception during the replay is handled the same way
+(summary.json "error": the message) and re-raised.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import math
 import signal
 import sys
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -140,19 +141,46 @@ def _override_columns(cfg, overrides: list[str]) -> dict:
     return cols
 
 
-@contextmanager
-def _sigint_deferred():
-    """Let aborting and result writing finish if Ctrl-C is pressed (again); yields a list that gets an
-    entry per deferred Ctrl-C, so the caller can re-raise afterwards."""
-    hits: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield hits
-        return
-    old = signal.signal(signal.SIGINT, lambda *_: hits.append(1))
-    try:
-        yield hits
-    finally:
-        signal.signal(signal.SIGINT, old)
+# Signals that stop a run the way Ctrl-C does (SIGHUP does not exist on Windows).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal; `signum` says which (the exit status is 128 + signum)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP while a replay runs: the first one raises RunInterrupted where the replay
+    is; from then on (and after `defer()`) they are only recorded in `hits`, so aborting and writing the
+    results finish. The previous handlers come back on exit. Off the main thread (where signals cannot be
+    handled) it does nothing."""
+
+    def __init__(self):
+        self.hits: list[int] = []
+        self.deferring = False
+        self._old: dict = {}
+
+    def _handle(self, signum, _frame):
+        self.hits.append(signum)
+        if not self.deferring:
+            self.deferring = True
+            raise RunInterrupted(signum)
+
+    def defer(self) -> None:
+        self.deferring = True
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
 
 
 # ---- entry points ---------------------------------------------------------------------------------
@@ -243,20 +271,21 @@ def replay_specs(
         source=source,
     )
     interrupted, error = False, None
-    try:
-        replay.run(specs, mode, replay_cfg.get("concurrency"))
-    except (KeyboardInterrupt, Exception) as e:
-        if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
-            raise  # rejected before anything ran: nothing to keep
-        interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
-        with _sigint_deferred():  # keep what was measured: abort the rest, write it all
-            replay.abort_in_flight()
+    with _StopSignals() as stops:
+        try:
+            replay.run(specs, mode, replay_cfg.get("concurrency"))
+            stops.defer()  # from here on a signal waits until the results are written
+        except (KeyboardInterrupt, Exception) as e:
+            stops.defer()
+            if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
+                raise  # rejected before anything ran: nothing to keep
+            interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
+            replay.abort_in_flight()  # keep what was measured: abort the rest, write it all
             replay.end_time = engine.clock()
-    finally:
-        bar.close()
-        recorder.detach()
+        finally:
+            bar.close()
+            recorder.detach()
 
-    with _sigint_deferred() as hits:
         start = replay.start_time if replay.start_time is not None else engine.clock()
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()
@@ -269,6 +298,7 @@ def replay_specs(
                 "num_requests": len(specs),
                 "num_sent": replay.num_sent,
                 "interrupted": interrupted,
+                "signal": signal.Signals(stops.hits[0]).name if interrupted and stops.hits else None,
                 "timed_out": replay.timed_out,
                 "error": None if error is None else f"{type(error).__name__}: {error}",
                 "start_time": start,
@@ -300,8 +330,8 @@ def replay_specs(
         print_summary(summary, engine, run_dir)
     if error is not None:
         raise error
-    if interrupted or hits:
-        raise KeyboardInterrupt
+    if interrupted or stops.hits:
+        raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
     return summary
 
 

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field, fields
 
+from testbed.validation import check_engine_config
+
 
 @dataclass
 class EngineConfig:
@@ -52,6 +54,7 @@ class EngineConfig:
         from testbed.spec.config import SpeculativeConfig
 
         SpeculativeConfig.from_any(self.speculative_config)  # validate early
+        check_engine_config(self)  # max_model_len, kv_cache_memory_gb against host memory
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

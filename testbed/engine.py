@@ -14,12 +14,13 @@ from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from testbed.core.swap import SwapManager
 from testbed.executor.build import build_executor
-from testbed.executor.kv_cache import num_blocks_from_memory, num_host_blocks
+from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
+from testbed.validation import check_kv_cache_fits, check_request_types
 
 
 @dataclass
@@ -57,6 +58,8 @@ class Engine:
         num_blocks = config.num_blocks or num_blocks_from_memory(
             self.arch, self.dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
         )
+        # before the block pool is built: an absurd budget must fail now, not hang building it
+        check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.dtype, bs), self.device)
         self.kv = get_allocator(
             config.cache,
             num_blocks,
@@ -85,6 +88,7 @@ class Engine:
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
         """Raise before any work if this request can never run."""
+        check_request_types(prompt_token_ids, params, request_id)
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError(f"request {request_id}: the prompt is empty")

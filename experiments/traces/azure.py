@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .common import finalize, options, resolve_path
-from .tabular import numeric, read_csv, sorted_rows
+from .tabular import check_horizon, numeric, read_csv, sorted_rows
 from .types import Trace, TraceError
 
 DEFAULTS = {"path": None}
@@ -38,6 +38,8 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     arrival = parse_timestamps(df["TIMESTAMP"], path)
     prompt = numeric(df["ContextTokens"], "ContextTokens", path, integer=True)
     output = numeric(df["GeneratedTokens"], "GeneratedTokens", path, integer=True)
+    lines = np.arange(len(df)) + 2
+    check_horizon(arrival, lines, path, "TIMESTAMP", opts["horizon_s"])
     report: dict = {"rows_in_file": len(df)}
-    rows = sorted_rows(arrival, prompt, output, np.arange(len(df)) + 2, report=report)
+    rows = sorted_rows(arrival, prompt, output, lines, report=report)
     return finalize(rows, opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .common import finalize, options, resolve_path
-from .tabular import numeric, read_csv, sorted_rows
+from .tabular import check_horizon, numeric, read_csv, sorted_rows
 from .types import Trace, TraceError
 
 DEFAULTS = {"path": None, "models": None, "log_types": None}  # null = keep all
@@ -47,6 +47,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     path = resolve_path(opts["path"])
     df = read_csv(path, REQUIRED + tuple(c for c, v in filters.items() if v is not None))
     ts = numeric(df["Timestamp"], "Timestamp", path, integer=False)
+    check_horizon(ts - ts.min(), np.arange(len(df)) + 2, path, "Timestamp", opts["horizon_s"])
     prompt = numeric(df["Request tokens"], "Request tokens", path, integer=True)
     output = numeric(df["Response tokens"], "Response tokens", path, integer=True)
     keep = np.ones(len(df), dtype=bool)

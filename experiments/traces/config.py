@@ -23,7 +23,9 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "rebase": True,  # shift arrivals so the selection starts at 0 (the window start if any)
     "ignore_eos": True,
     "token_low": 100,  # synthesised ids are drawn from [token_low, vocab_size): no special ids
+    "horizon_s": 366 * 86400,  # arrivals later than this after the first are refused as corrupt; null = any
 }
+INT64_MAX = 2**63 - 1
 
 
 def plain(obj: Any) -> Any:
@@ -77,6 +79,9 @@ def _check_common(o: dict) -> None:
         raise _bad("seed", f"must be an integer, got {o['seed']!r}")
     if not isinstance(o["token_low"], int) or isinstance(o["token_low"], bool) or o["token_low"] < 0:
         raise _bad("token_low", f"must be an integer >= 0, got {o['token_low']!r}")
+    h = o["horizon_s"]
+    if h is not None and (not isinstance(h, (int, float)) or isinstance(h, bool) or not (0 < h < math.inf)):
+        raise _bad("horizon_s", f"must be null or a finite number > 0, got {h!r}")
     for key in ("rebase", "ignore_eos"):
         if not isinstance(o[key], bool):
             raise _bad(key, f"must be true or false, got {o[key]!r}")

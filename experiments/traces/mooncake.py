@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from .common import finalize, options, resolve_path
+from .config import INT64_MAX
 from .counter_rng import BlockTokens
-from .tabular import sorted_rows
+from .tabular import check_horizon, sorted_rows
 from .types import Trace, TraceError
 
 DEFAULTS = {"path": None, "block_size": 512}  # tokens per hash id in the released traces
@@ -25,16 +26,34 @@ def _is_int(v: Any) -> bool:
 
 def _field(rec: dict, key: str, path, line: int, *, integer: bool) -> float:
     if key not in rec:
-        raise TraceError(f"missing field; record has {sorted(rec)}", path, line, key)
+        raise TraceError(f"missing field; record has {sorted(rec)[:20]}", path, line, key)
     v = rec[key]
     ok = _is_int(v) or (not integer and isinstance(v, float) and np.isfinite(v))
     if isinstance(v, float) and integer and np.isfinite(v) and v == int(v):
         ok, v = True, int(v)  # 12.0 is an acceptable length
     if not ok:
-        raise TraceError(f"expected {'an integer' if integer else 'a number'}, got {v!r}", path, line, key)
+        raise TraceError(f"expected {'an integer' if integer else 'a number'}, got {str(v)[:60]!r}", path, line, key)
     if v < 0:
         raise TraceError(f"negative value: {v!r}", path, line, key)
+    if _is_int(v) and v > INT64_MAX:  # corrupt, not long: it would wrap around in int64 (or not fit a float)
+        raise TraceError(f"outside the int64 range: {str(v)[:40]}...", path, line, key)
     return v
+
+
+def _record(raw: bytes, path, line_no: int):
+    """One JSONL line as an object; every way it can be bad is a TraceError naming the line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"not UTF-8 text ({e.reason} at byte {e.start}): a binary file?", path, line_no) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"malformed JSON: {e.msg} (column {e.colno})", path, line_no) from None
+    except RecursionError:
+        raise TraceError("JSON nested too deeply", path, line_no) from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise TraceError(f"unreadable JSON value: {e}", path, line_no) from None
 
 
 def parse(path) -> tuple[list, list, list, list, list]:
@@ -42,22 +61,19 @@ def parse(path) -> tuple[list, list, list, list, list]:
     if not path.is_file():
         raise TraceError("file not found (looked relative to the cwd and the project root)", path)
     ts, inp, out, hashes, lines = [], [], [], [], []
-    with open(path, encoding="utf-8") as f:
-        for line_no, text in enumerate(f, start=1):
-            if not text.strip():
+    with open(path, "rb") as f:  # bytes: a decoding error then names its line
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue  # blank lines (e.g. a trailing one) are not records
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"malformed JSON: {e.msg} (column {e.colno})", path, line_no) from None
+            rec = _record(raw, path, line_no)
             if not isinstance(rec, dict):
                 raise TraceError(f"expected a JSON object, got {type(rec).__name__}", path, line_no)
             ts.append(_field(rec, "timestamp", path, line_no, integer=False))
             inp.append(_field(rec, "input_length", path, line_no, integer=True))
             out.append(_field(rec, "output_length", path, line_no, integer=True))
             h = rec.get("hash_ids")
-            if not isinstance(h, list) or not all(_is_int(x) for x in h):
-                raise TraceError(f"expected a list of integers, got {str(h)[:60]!r}", path, line_no, "hash_ids")
+            if not isinstance(h, list) or not all(_is_int(x) and -INT64_MAX - 1 <= x <= INT64_MAX for x in h):
+                raise TraceError(f"expected a list of int64 integers, got {str(h)[:60]!r}", path, line_no, "hash_ids")
             hashes.append(h)
             lines.append(line_no)
     if not lines:
@@ -90,8 +106,10 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         return lambda n: blocks.build(hashes[i], n, index=i)
 
     clock = np.asarray(ts, dtype=float) / 1000.0
+    clock -= clock.min()
+    check_horizon(clock, lines, path, "timestamp", opts["horizon_s"])
     rows = sorted_rows(
-        clock - clock.min(),
+        clock,
         np.asarray(inp),
         np.asarray(out),
         np.asarray(lines),

@@ -15,6 +15,7 @@ import numpy as np
 
 from .common import Row, finalize, options, resolve_path
 from .counter_rng import arrival_times
+from .tabular import check_horizon
 from .types import Trace, TraceError
 
 DEFAULTS = {"path": None, "rate": None, "burstiness": 1.0, "output_len": None, "shuffle": False}
@@ -40,6 +41,10 @@ def parse(path) -> tuple[list, int]:
         raise TraceError(f"malformed JSON: {e.msg} (column {e.colno})", path, e.lineno) from None
     except UnicodeDecodeError as e:
         raise TraceError(f"not UTF-8 text: {e}", path) from None
+    except RecursionError:
+        raise TraceError("JSON nested too deeply", path) from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise TraceError(f"unreadable JSON value: {e}", path) from None
     if not isinstance(data, list):
         raise TraceError(f"expected a JSON list of conversations, got {type(data).__name__}", path)
     if not data:
@@ -90,6 +95,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         arrivals = arrival_times(rng, len(entries), opts["rate"], float(opts["burstiness"]))
     except (ValueError, TypeError) as e:
         raise TraceError(str(e), "trace config", field="rate") from None
+    check_horizon(arrivals, [f"entry {e[0]}" for e in entries], "trace config", "rate", opts["horizon_s"])
     report = {
         "rows_in_file": n_entries,
         "skipped": skipped,

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from .common import Row, finalize, options
+from .config import INT64_MAX
 from .counter_rng import arrival_times, id_list, prefix_tokens, request_tokens
+from .tabular import check_horizon
 from .types import Trace, TraceError
 
 DEFAULTS = {
@@ -83,6 +85,8 @@ def sample_lengths(spec: Any, n: int, rng: np.random.Generator, name: str) -> np
     x = np.clip(x, lo_clamp, hi_clamp)
     if (x < 0).any():
         raise _bad(name, f"lengths must be >= 0 (got {x.min()})")
+    if (x > INT64_MAX).any():  # would wrap around to negative in int64
+        raise _bad(name, f"lengths must fit int64 (got {x.max():.4g})")
     return x.astype(np.int64)
 
 
@@ -105,6 +109,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         arrivals = arrival_times(r_arr, n, opts["rate"], float(opts["burstiness"]))
     except (ValueError, TypeError) as e:
         raise _bad("rate", str(e)) from None
+    check_horizon(arrivals, [f"request {i}" for i in range(n)], "trace config", "rate", opts["horizon_s"])
     own = sample_lengths(opts["prompt_len"], n, r_in, "prompt_len")
     out = sample_lengths(opts["output_len"], n, r_out, "output_len")
     group = r_grp.integers(0, groups, size=n) if groups else np.full(n, -1)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .common import Row
+from .config import INT64_MAX
 from .types import TraceError
 
 
@@ -51,7 +52,28 @@ def numeric(values: Any, col: str, path: Path, *, integer: bool, line_offset: in
     if (nums < 0).any():
         i = int(np.argmax(nums < 0))
         raise TraceError(f"negative value: {raw.iloc[i]!r}", path, i + line_offset, col)
+    if integer and (nums > INT64_MAX).any():  # would wrap around to negative in int64: corrupt, not long
+        i = int(np.argmax(nums > INT64_MAX))
+        raise TraceError(f"outside the int64 range: {raw.iloc[i]!r}", path, i + line_offset, col)
     return nums.astype(np.int64) if integer else nums
+
+
+def check_horizon(arrival: np.ndarray, lines, path, col: str, horizon_s: float | None) -> None:
+    """Refuse arrivals (seconds since the earliest) beyond horizon_s: a corrupt timestamp (1e308, year
+    2200) would otherwise make the replay wait for ever or overflow later."""
+    if horizon_s is None or not len(arrival):
+        return
+    late = arrival > horizon_s
+    if late.any():
+        i, first = int(np.argmax(late)), lines[int(np.argmin(arrival))]
+        first = f"line {first}" if isinstance(first, (int, np.integer)) else first
+        raise TraceError(
+            f"arrives {arrival[i]:.4g} s after the earliest request ({first}), beyond trace.horizon_s="
+            f"{horizon_s:g}: a corrupt timestamp or rate? (raise trace.horizon_s for longer traces)",
+            path,
+            lines[i],
+            col,
+        )
 
 
 def sorted_rows(

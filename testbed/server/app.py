@@ -3,7 +3,8 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (stream: true -> server-sent events in
 OpenAI's chunk format, ending with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics.
 Bad input is an OpenAI-style error body: 400 (404 for an unknown route or model, 401 without the
-API key, 503 when the waiting queue is full or the server is draining).
+API key, 413 for a body over server.max_body_bytes, 408 for a body that does not arrive within
+server.body_timeout_s, 503 when the waiting queue is full or the server is draining).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import Depends, FastAPI
 
 from testbed.server.async_engine import AsyncEngine
 from testbed.server.auth import api_key_check
+from testbed.server.body_limits import BodyLimits
 from testbed.server.chat import chat_routes
 from testbed.server.completions import completion_routes
 from testbed.server.error_handlers import add_error_handlers
@@ -24,7 +26,9 @@ from testbed.server.settings import ServerSettings
 
 def build_app(async_engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
-    model = ServedModel(async_engine.engine, settings.served_model_name)
+    model = ServedModel(
+        async_engine.engine, settings.served_model_name, settings.max_prompt_chars, settings.tokenizer_threads
+    )
 
     @asynccontextmanager
     async def lifespan(app):
@@ -33,6 +37,7 @@ def build_app(async_engine: AsyncEngine, settings: ServerSettings | None = None)
             yield
         finally:
             async_engine.shutdown()
+            model.tokenizers.shutdown()
 
     app = FastAPI(title="testbed", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.model = model
@@ -43,4 +48,5 @@ def build_app(async_engine: AsyncEngine, settings: ServerSettings | None = None)
     app.include_router(chat_routes(model, async_engine), dependencies=auth)
     app.include_router(model_routes(model), dependencies=auth)
     app.include_router(health_routes(async_engine))  # open: load balancers and Prometheus have no key
+    app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     return app

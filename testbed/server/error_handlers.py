@@ -18,6 +18,8 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(P.APIError)
     async def _api_error(request, exc: P.APIError):
         headers = {"Retry-After": "1"} if exc.status_code == 503 else None
+        if exc.status_code in (408, 413):  # the rest of the body may still be on its way: drop the connection
+            headers = {"Connection": "close"}
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

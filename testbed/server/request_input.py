@@ -1,9 +1,9 @@
 """From an HTTP request to an engine request: JSON body -> validated OpenAI request -> prompt token ids
-and SamplingParams -> admitted RequestStream. Every refusal is an APIError (an OpenAI-style error body)."""
+(tokenized and chat-templated in a worker thread) and SamplingParams -> admitted RequestStream. Every refusal
+is an APIError (an OpenAI-style error body)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,21 +19,18 @@ from testbed.server.async_engine import (
     RequestStream,
     ShuttingDownError,
 )
+from testbed.server.json_body import parse_json_object
 from testbed.server.served_model import ServedModel
 
 
 async def parse_request(request: Request, model_cls, model: ServedModel):
-    body = await request.body()
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise P.APIError(f"malformed JSON body: {e}", 400, code="invalid_json") from e
-    if not isinstance(data, dict):
-        raise P.APIError(f"the body must be a JSON object, got {type(data).__name__}", 400)
+    data = parse_json_object(await request.body())  # the body's size and arrival time: body_limits.py
     try:
         req = model_cls.model_validate(data)
     except ValidationError as e:
         raise P.validation_error_to_api_error(e) from e
+    except RecursionError:  # a nesting the parser took but the validator did not
+        raise P.APIError("a value in the body is nested too deeply", 400, code="invalid_value") from None
     if req.model != model.name:
         raise P.APIError(
             f"The model `{req.model}` does not exist (this server serves `{model.name}`).",
@@ -48,23 +45,42 @@ async def parse_request(request: Request, model_cls, model: ServedModel):
 def sampling_params(req) -> SamplingParams:
     try:
         return req.to_sampling_params()
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise P.APIError(str(e), 400, param=None, code="invalid_value") from e
 
 
-def completion_prompt_ids(req: P.CompletionRequest, model: ServedModel) -> list[int]:
+def _prompt_too_long(n: int, limit: int, param: str) -> P.APIError:
+    return P.APIError(
+        f"the prompt has {n} characters, more than the server's limit of {limit} (server.max_prompt_chars)",
+        400,
+        param=param,
+        code="prompt_too_long",
+    )
+
+
+def check_prompt_size(req, model: ServedModel) -> None:
+    """Text longer than max_prompt_chars is refused before it is tokenized."""
+    if isinstance(req, P.ChatCompletionRequest):
+        n, param = sum(len(m.text()) for m in req.messages), "messages"
+    else:
+        prompt = req.single_prompt()
+        n, param = (len(prompt) if isinstance(prompt, str) else 0), "prompt"
+    if n > model.max_prompt_chars:
+        raise _prompt_too_long(n, model.max_prompt_chars, param)
+
+
+def completion_prompt_ids(tokenizer, req: P.CompletionRequest, model: ServedModel) -> list[int]:
     prompt = req.single_prompt()
     if not isinstance(prompt, str):
         return list(prompt)
-    if model.tokenizer is None:
+    if tokenizer is None:
         raise P.APIError(
             f"model `{model.name}` has no tokenizer: send the prompt as a list of token ids", 400, param="prompt"
         )
-    return model.tokenizer.encode(prompt)
+    return tokenizer.encode(prompt)
 
 
-def chat_prompt_ids(req: P.ChatCompletionRequest, model: ServedModel) -> list[int]:
-    tok = model.tokenizer
+def chat_prompt_ids(tok, req: P.ChatCompletionRequest, model: ServedModel) -> list[int]:
     if tok is None or not getattr(tok, "chat_template", None):
         raise P.APIError(f"model `{model.name}` has no chat template", 400, param="messages")
     try:
@@ -91,7 +107,7 @@ class Admitted:
 async def admit_request(
     request: Request,
     model_cls,
-    prompt_ids_of: Callable[[Any, ServedModel], list[int]],
+    prompt_ids_of: Callable[[Any, Any, ServedModel], list[int]],  # (tokenizer, request, model), in a worker thread
     id_prefix: str,
     model: ServedModel,
     async_engine: AsyncEngine,
@@ -99,7 +115,8 @@ async def admit_request(
     arrival = async_engine.engine.clock()  # TTFT includes parsing and tokenizing
     req = await parse_request(request, model_cls, model)
     params = sampling_params(req)
-    prompt_ids = prompt_ids_of(req, model)
+    check_prompt_size(req, model)
+    prompt_ids = await model.tokenizers.run(prompt_ids_of, req, model)  # off the event loop
     rid, created = P.random_id(id_prefix), P.now_s()
     stream = _add_to_engine(async_engine, model, prompt_ids, params, rid, arrival, req.priority)
     return Admitted(req, params, prompt_ids, rid, created, stream)

@@ -1,4 +1,5 @@
-"""What the server says about the model it serves: its name, context length, vocabulary and tokenizer."""
+"""What the server says about the model it serves: its name, context length, vocabulary, tokenizers and prompt
+limit."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import time
 
 from testbed.server import protocol as P
+from testbed.server.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger("testbed.server")
 
@@ -24,9 +26,17 @@ def _own_copy(tokenizer):
 
 
 class ServedModel:
-    def __init__(self, engine, served_model_name: str | None = None):
+    def __init__(
+        self,
+        engine,
+        served_model_name: str | None = None,
+        max_prompt_chars: int = 1_000_000,
+        tokenizer_threads: int = 2,
+    ):
         self.name = served_model_name or engine.model_name
-        self.tokenizer = _own_copy(engine.tokenizer)
+        self.tokenizer = _own_copy(engine.tokenizer)  # the event loop's: detokenizing streams, logprobs
+        self.tokenizers = TokenizerPool(engine.tokenizer, tokenizer_threads, _own_copy)  # encoding, templates
+        self.max_prompt_chars = max_prompt_chars
         self.max_model_len = engine.max_model_len
         self.created = int(time.time())
         # regular vocabulary (no added/special ids) where there is a tokenizer: what traces may draw from

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -16,6 +17,11 @@ class ServerSettings:
     served_model_name: str | None = None  # None: the engine's (= the config's) model name
     log_level: str = "info"
     access_log: bool = False
+    max_body_bytes: int = 4 * 2**20  # larger request bodies get 413 before they are read
+    max_prompt_chars: int = 1_000_000  # longer text prompts (chat: all messages) get 400 before tokenizing
+    header_timeout_s: float = 20.0  # a connection that has not sent a whole request head by then is closed
+    body_timeout_s: float = 60.0  # a request whose body has not fully arrived by then gets 408
+    tokenizer_threads: int = 2  # tokenization and chat templates run here, off the event loop
 
     @classmethod
     def from_cfg(cls, cfg: Any = None, **overrides) -> ServerSettings:
@@ -39,6 +45,12 @@ class ServerSettings:
             settings.api_key = None
         if not 0 <= int(settings.port) <= 65535:
             raise ValueError(f"server.port must be in [0, 65535], got {settings.port}")
-        if settings.max_waiting < 1:
-            raise ValueError(f"server.max_waiting must be >= 1, got {settings.max_waiting}")
+        for name in ("max_waiting", "max_body_bytes", "max_prompt_chars", "tokenizer_threads"):
+            value = getattr(settings, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"server.{name} must be an integer >= 1, got {value!r}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            value = getattr(settings, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"server.{name} must be a finite number > 0, got {value!r}")
         return settings

@@ -14,6 +14,7 @@ import uvicorn
 
 from testbed.server.app import build_app
 from testbed.server.async_engine import AsyncEngine
+from testbed.server.http_protocol import with_header_timeout
 from testbed.server.metrics import ServerMetrics
 from testbed.server.settings import ServerSettings
 
@@ -72,6 +73,7 @@ def make_server(engine, settings: ServerSettings) -> tuple[DrainingServer, Async
         access_log=settings.access_log,
         lifespan="on",
         timeout_keep_alive=30,
+        http=with_header_timeout(settings.header_timeout_s),  # h11, plus a timeout on reading request heads
         timeout_graceful_shutdown=math.ceil(settings.graceful_timeout_s) + 5,
     )
     return DrainingServer(config, async_engine, settings.graceful_timeout_s), async_engine

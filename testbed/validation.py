@@ -1,0 +1,105 @@
+"""Checks on the public API's input, as pure functions: a wrong type is a TypeError, a value that cannot work
+a ValueError, each naming what was wrong, before any work starts (a KV cache larger than the machine would
+otherwise hang the constructor building billions of blocks; a str prompt would fail deep inside)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from pathlib import Path
+
+GIB = 2**30
+
+
+def is_int(value) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """A real number (Python or numpy), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def available_host_bytes() -> int | None:
+    """Memory the OS can give this process now without swapping (MemAvailable); None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _uses_cpu(device: str | None) -> bool:
+    if device is not None:
+        return str(device).startswith("cpu")
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def check_engine_config(config) -> None:
+    """EngineConfig fields whose bad values would hang or be misread later."""
+    mml = config.max_model_len
+    if mml is not None and (not is_int(mml) or mml < 1):
+        raise ValueError(f"max_model_len must be null (the model's own) or an integer >= 1, got {mml!r}")
+    gb = config.kv_cache_memory_gb
+    if not is_real(gb) or not 0 < gb < math.inf:
+        raise ValueError(f"kv_cache_memory_gb must be a finite number > 0, got {gb!r}")
+    if config.num_blocks is None and config.executor != "null" and _uses_cpu(config.device):
+        available = available_host_bytes()
+        if available is not None and gb * GIB > available:
+            raise ValueError(
+                f"kv_cache_memory_gb={gb:g} exceeds the {available / GIB:.1f} GiB of host memory available now; "
+                f"lower it (or set num_blocks)"
+            )
+
+
+def check_kv_cache_fits(config, num_blocks: int, bytes_per_block: int, device) -> None:
+    """The KV cache about to be allocated fits the device: host memory available now (CPU), free GPU memory
+    (CUDA, when num_blocks was given; sized from free memory it fits by construction)."""
+    if config.executor == "null":  # no KV tensors are allocated
+        return
+    need = num_blocks * bytes_per_block
+    if str(device).startswith("cuda"):
+        if config.num_blocks is None:
+            return
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        where, available = "free GPU memory", free
+    else:
+        where, available = "host memory available now", available_host_bytes()
+    if available is not None and need > available:
+        raise ValueError(
+            f"a KV cache of {num_blocks} blocks x {bytes_per_block} bytes = {need / GIB:.1f} GiB does not fit in the "
+            f"{available / GIB:.1f} GiB of {where}; lower num_blocks or kv_cache_memory_gb"
+        )
+
+
+def check_request_types(prompt_token_ids, params, request_id) -> None:
+    """Engine.add_request's arguments have the right types (values are checked by Engine.validate)."""
+    from testbed.sampling_params import SamplingParams
+
+    if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+        raise TypeError(
+            f"request {request_id}: prompt_token_ids must be a list of int token ids, got "
+            f"{type(prompt_token_ids).__name__} (tokenize text first, or use LLM.generate)"
+        )
+    if not all(type(t) is int for t in prompt_token_ids):  # fast path; numpy ints are fine too
+        for i, t in enumerate(prompt_token_ids):
+            if not is_int(t):
+                raise TypeError(
+                    f"request {request_id}: token ids must be ints, got {t!r} ({type(t).__name__}) at position {i}"
+                )
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"request {request_id}: sampling params must be SamplingParams, got {type(params).__name__}")
