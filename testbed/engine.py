@@ -33,6 +33,7 @@ class StepStats:
     num_waiting: int
     num_running: int
     kv: KVCacheStats
+    grammar_time_s: float = 0.0  # structured output's share of the step (grammar masks, matcher updates)
 
 
 class Engine:
@@ -76,7 +77,8 @@ class Engine:
                 self.arch, num_blocks + extra_blocks, bs, self.arch.num_hidden_layers, self.dtype, self.device
             )
         )
-        sampler = Sampler(config.seed, self.device)
+        sampler = Sampler(config.seed, self.device, self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+        self.sampler = sampler  # validate() asks it about vocabulary-dependent parameters
         self.executor = ModelRunner(
             self.model, kv_caches, bs, self.kv.get_block_ids, sampler, self.device, spec=self.spec
         )
@@ -153,6 +155,7 @@ class Engine:
                 f"{self.config.max_num_batched_tokens} and chunked prefill is off"
             )
         final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
+        self.sampler.check(params, request_id)
         need = self.kv.blocks_for_request(final_len)
         if need > self.kv.num_blocks:
             raise ValueError(
@@ -203,6 +206,10 @@ class Engine:
                 )
             return []
         result = self.executor.execute(sched)
+        if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
+            for request, entries in zip(sched.requests, result.prompt_logprobs):
+                if entries:
+                    request.prompt_logprobs.extend(entries)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
         outputs = []
         of_request = RequestOutput.of_request  # one output per request per step: O(1) each (testbed.outputs)
@@ -226,6 +233,7 @@ class Engine:
             self.scheduler.num_waiting,
             self.scheduler.num_running,
             self._kv_stats(),
+            self.sampler.take_grammar_time(),
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)

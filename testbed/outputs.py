@@ -115,6 +115,7 @@ class RequestOutput:
         "finished",
         "new_token_ids",
         "prompt",
+        "prompt_logprobs",
         "_outputs",
         "_metrics",
         "_source",
@@ -129,12 +130,14 @@ class RequestOutput:
         new_token_ids: list[int] | None = None,
         metrics: RequestMetrics | None = None,
         prompt: str | None = None,
+        prompt_logprobs: list | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.finished = finished
         self.new_token_ids = [] if new_token_ids is None else new_token_ids  # produced by the step returning this
         self.prompt = prompt
+        self.prompt_logprobs = prompt_logprobs  # per prompt token {token id: Logprob}, the first None
         self._outputs, self._metrics, self._source = outputs, metrics, None
 
     @classmethod
@@ -145,6 +148,7 @@ class RequestOutput:
         out.request_id, out.prompt_token_ids = request.request_id, request.prompt_token_ids
         status = request.status
         out.finished, out.new_token_ids, out.prompt = status.finished, new_token_ids, None
+        out.prompt_logprobs = request.prompt_logprobs  # complete once the prompt is computed
         out._outputs = out._metrics = None
         logprobs = request.output_logprobs if request.sampling_params.logprobs is not None else None
         out._source = (

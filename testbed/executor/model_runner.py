@@ -6,13 +6,16 @@ import torch
 
 from testbed.core.scheduler import SchedulerOutput
 from testbed.executor.inputs import prepare_inputs
+from testbed.executor.prompt_logprobs import prompt_logprobs
 from testbed.executor.sampler import Sampler
 
 
 @dataclass
 class ExecutorOutput:
     sampled: list[list[int] | None]  # per scheduled request: new tokens (None mid-prefill)
-    logprobs: list[list[float] | None] | None
+    logprobs: list[list[dict] | None] | None  # per scheduled request: per new token {token id: Logprob}
+    # per scheduled request: {token id: Logprob} of the prompt tokens this step scored (prompt_logprobs)
+    prompt_logprobs: list[list[dict] | None] | None = None
 
 
 def allocate_kv_cache(arch, num_blocks: int, block_size: int, num_layers: int, dtype, device):
@@ -67,22 +70,23 @@ class ModelRunner:
             self.spec.observe(inputs)  # a draft model writes its KV into the same slots
         sampled: list[list[int] | None] = [None] * len(out.requests)
         logprobs = None
+        prompt_lps = prompt_logprobs(out, hidden, self.model.compute_logits)  # None unless a request asks
         rows = [i for i, k in enumerate(inputs.num_logits) if k]
         if rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             if self.spec is not None and any(k > 1 for k in inputs.num_logits):
                 # 1 + k rows for a request with k drafts: speculative verification
-                return ExecutorOutput(*self.spec.verify(out.requests, inputs.num_logits, logits, self.sampler))
+                verified = self.spec.verify(out.requests, inputs.num_logits, logits, self.sampler)
+                return ExecutorOutput(*verified, prompt_lps)
             # one token per request here (one logits row each, in order); drafts are the speculative executor's job
-            reqs = [out.requests[i] for i in rows]
-            tokens, lps = self.sampler.sample(logits, [r.request_id for r in reqs], [r.sampling_params for r in reqs])
+            tokens, lps = self.sampler.sample(logits, [out.requests[i] for i in rows])
             for j, i in enumerate(rows):
                 sampled[i] = [tokens[j]]
             if lps is not None:
                 logprobs = [None] * len(out.requests)
                 for j, i in enumerate(rows):
-                    logprobs[i] = [lps[j]]
-        return ExecutorOutput(sampled, logprobs)
+                    logprobs[i] = [lps[j]] if lps[j] is not None else None
+        return ExecutorOutput(sampled, logprobs, prompt_lps)
 
 
 def _cumsum(values):
