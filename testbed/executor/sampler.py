@@ -143,9 +143,9 @@ class Sampler:
     def _apply_grammars(self, logits: torch.Tensor, rows: list[int], requests) -> None:
         """Bring each row's matcher up to its request's output, fill its bitmask, mask the rows at once."""
         start = time.perf_counter()
-        bitmask = self.grammars.allocate_bitmask(len(rows))
-        stop_only = []
-        for j, i in enumerate(rows):
+        bitmask = self.grammars.allocate_bitmask(logits.shape[0])  # row i masks logits row i
+        masked, stop_only = [], []
+        for i in rows:
             request = requests[i]
             state = self.matchers.get(request.request_id)
             if state is None:
@@ -161,8 +161,10 @@ class Sampler:
             if matcher.is_terminated():
                 stop_only.append(i)  # the grammar is done: only a stop token may follow (ignore_eos)
             else:
-                matcher.fill_next_token_bitmask(bitmask, j)
-        self.grammars.apply_bitmask(logits, bitmask, rows)
+                matcher.fill_next_token_bitmask(bitmask, i)
+                masked.append(i)
+        if masked:
+            self.grammars.apply_bitmask(logits, bitmask, masked)
         for i in stop_only:
             stops = self.grammars.stop_token_ids
             keep = logits[i, stops].clone()
