@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from testbed.sampling_params import SamplingParams, SamplingParamError
+from testbed.sampling_params import SamplingParamError, SamplingParams
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 
 from testbed.executor.logits_processors import LogitsProcessors
 from testbed.executor.logprobs import logprob_entries
-from testbed.sampling_params import SamplingParams, SamplingParamError
+from testbed.sampling_params import SamplingParamError, SamplingParams
 from testbed.structured.grammar import GrammarBackend
 
 logger = logging.getLogger(__name__)

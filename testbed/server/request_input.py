@@ -48,8 +48,8 @@ async def parse_request(request: Request, model_cls, model: ServedModel):
 def sampling_params(req) -> SamplingParams:
     try:
         return req.to_sampling_params()
-    except ValueError as e:
-        raise P.APIError(str(e), 400, param=None, code="invalid_value") from e
+    except ValueError as e:  # SamplingParamError / StructuredOutputError name the parameter
+        raise P.APIError(str(e), 400, param=getattr(e, "param", None), code="invalid_value") from e
 
 
 def completion_prompt_ids(req: P.CompletionRequest, model: ServedModel) -> list[int]:
@@ -126,8 +126,10 @@ def _add_to_engine(
         )
     try:
         return async_engine.add_request(prompt_ids, params, rid, arrival, priority)
-    except ValueError as e:
-        raise P.APIError(str(e), 400, param="prompt", code="invalid_prompt") from e
+    except ValueError as e:  # the engine's checks; sampling ones (vocabulary, grammar) name their parameter
+        param = getattr(e, "param", None)
+        code = "invalid_value" if param else "invalid_prompt"
+        raise P.APIError(str(e), 400, param=param or "prompt", code=code) from e
     except QueueFullError as e:
         raise P.APIError(str(e), 503, "service_unavailable_error", code="queue_full") from e
     except ShuttingDownError as e:

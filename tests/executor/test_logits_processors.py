@@ -129,9 +129,9 @@ def test_through_the_engine(llm, tokenizer):
     count = "1, 2, 1, 2, 1, 2, 1, 2,"
     ids = tokenizer.encode(count)
     loop = llm.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
-    pen = llm.generate(
-        [ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, frequency_penalty=2.0)
-    )[0].outputs[0]
+    pen = llm.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, frequency_penalty=2.0))[
+        0
+    ].outputs[0]
     assert len(set(pen.token_ids)) > len(set(loop.token_ids))
     # min_tokens: EOS can not end the reply before 6 tokens, even where greedy would stop
     eos = tokenizer.eos_token_id

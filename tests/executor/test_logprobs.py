@@ -8,7 +8,11 @@ import torch
 from testbed import LLM, SamplingParams
 from testbed.executor.logprobs import Logprob, logprob_entries
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n <", "Once upon a time, in a small village by the sea,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n <",
+    "Once upon a time, in a small village by the sea,",
+]
 K = 5
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -14,7 +14,7 @@ def requests_for(params: list[SamplingParams], outputs=None, prompt=(1, 2, 3)) -
     reqs = []
     for i, p in enumerate(params):
         r = Request(str(i), list(prompt), p, arrival_time=0.0, eos_token_ids=[0])
-        for t in (outputs[i] if outputs else []):
+        for t in outputs[i] if outputs else []:
             r.append_output_token(t, None, 0.0)
         reqs.append(r)
     return reqs
