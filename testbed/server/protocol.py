@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from testbed.sampling_params import SamplingParamError, SamplingParams
 from testbed.structured import StructuredOutputsParams
@@ -72,7 +72,7 @@ class JSONSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
     name: str = "schema"
     description: str | None = None
-    json_schema: dict | None = Field(default=None, alias="schema")
+    json_schema: dict | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -141,6 +141,7 @@ class _SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     response_format: ResponseFormat | None = None
+    _constraint_field: str | None = PrivateAttr(default=None)  # set by structured(): the field for error bodies
 
     @model_validator(mode="after")
     def _unsupported(self):
@@ -180,6 +181,18 @@ class _SamplingFields(BaseModel):
     def structured(self) -> StructuredOutputsParams | None:
         """The one output constraint among structured_outputs, guided_*, response_format (json kinds)."""
         found = {}
+        fmt = self.response_format
+        guided = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, f"guided_{n}") is not None]
+        # the field that carried the constraint, for error bodies
+        self._constraint_field = (
+            "structured_outputs"
+            if self.structured_outputs is not None
+            else "response_format"
+            if fmt is not None and fmt.type != "text"
+            else f"guided_{guided[0]}"
+            if guided
+            else None
+        )
         if self.structured_outputs is not None:
             so = self.structured_outputs
             kinds = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar}
@@ -193,7 +206,6 @@ class _SamplingFields(BaseModel):
                     message = f"guided_{name} given twice (also in structured_outputs)"
                     raise SamplingParamError(f"guided_{name}", message)
                 found[name] = value
-        fmt = self.response_format
         if fmt is not None and fmt.type != "text":
             key = "json_object" if fmt.type == "json_object" else "json"
             if key in found:
@@ -231,6 +243,11 @@ class _SamplingFields(BaseModel):
             structured_outputs=self.structured(),
             **extras,
         )
+
+    @property
+    def constraint_field(self) -> str | None:
+        """The request field that carried the output constraint (after to_sampling_params)."""
+        return self._constraint_field
 
     @property
     def include_usage(self) -> bool:

@@ -49,7 +49,12 @@ def sampling_params(req) -> SamplingParams:
     try:
         return req.to_sampling_params()
     except ValueError as e:  # SamplingParamError / StructuredOutputError name the parameter
-        raise P.APIError(str(e), 400, param=getattr(e, "param", None), code="invalid_value") from e
+        raise P.APIError(str(e), 400, param=_field(req, getattr(e, "param", None)), code="invalid_value") from e
+
+
+def _field(req, param: str | None) -> str | None:
+    """A constraint's errors name the field the client used (response_format, guided_json, ...)."""
+    return (req.constraint_field or param) if param == "structured_outputs" else param
 
 
 def completion_prompt_ids(req: P.CompletionRequest, model: ServedModel) -> list[int]:
@@ -101,7 +106,11 @@ async def admit_request(
     params = sampling_params(req)
     prompt_ids = prompt_ids_of(req, model)
     rid, created = P.random_id(id_prefix), P.now_s()
-    stream = _add_to_engine(async_engine, model, prompt_ids, params, rid, arrival, req.priority)
+    try:
+        stream = _add_to_engine(async_engine, model, prompt_ids, params, rid, arrival, req.priority)
+    except P.APIError as e:  # a constraint the grammar engine refused: name the field the client used
+        e.param = _field(req, e.param)
+        raise
     return Admitted(req, params, prompt_ids, rid, created, stream)
 
 

@@ -278,7 +278,7 @@ def _exact_joint(hf_model, prompt, temperature):
 
 @pytest.mark.parametrize("method", ["layerskip", "draft", "ngram"])
 def test_speculative_sampling_matches_target_distribution(method, small_vocab):
-    from test_spec_units import chi2_pvalue
+    from .test_units import chi2_pvalue
 
     hf_model, target_dir, draft_dir = small_vocab
     spec = {
