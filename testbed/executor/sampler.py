@@ -107,14 +107,15 @@ class Sampler:
         logprobs None unless a request asks for them, else per row None or {token id: Logprob}."""
         params = [r.sampling_params for r in requests]
         special = [i for i, p in enumerate(params) if p.uses_processors]
-        want = [p.logprobs for p in params]
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw = logits
         if special:
             logits = logits.clone()  # the model's logits stay raw for the fallback below
             structured = [i for i in special if params[i].structured_outputs is not None]
             if structured:
                 self._apply_grammars(logits, structured, requests)
-        raw_logprobs = logits.log_softmax(dim=-1) if any(k is not None for k in want) else None
+        # vLLM's "raw_logprobs": before processors and temperature (indexing copies the rows)
+        raw_logprobs = logits[want].log_softmax(dim=-1) if want else None
         if special:
             self.processors.apply(logits, special, requests)
             self._revive_dead_rows(logits, raw, special)
@@ -125,10 +126,9 @@ class Sampler:
             sub = logits if len(rows) == len(params) else logits[rows]
             cdf = filter_logits(sub, [params[i] for i in rows]).softmax(dim=-1).cumsum_(dim=-1)
             u = torch.rand(len(rows), 1, generator=self.default_generator, device=cdf.device)
-            for j, i in enumerate(rows):  # seeded requests draw from their own stream
-                if params[i].seed is not None:
-                    gen = self._generator(requests[i].request_id, params[i])
-                    u[j] = torch.rand(1, generator=gen, device=cdf.device)
+            seeded = [(j, i) for j, i in enumerate(rows) if params[i].seed is not None]
+            for j, i in seeded:  # seeded requests draw from their own stream
+                u[j] = torch.rand(1, generator=self._generator(requests[i].request_id, params[i]), device=cdf.device)
             # zero-probability tokens repeat the previous cumulative value, so `right=True` never lands on one
             drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
             if len(rows) == len(params):
@@ -137,11 +137,10 @@ class Sampler:
                 tokens[torch.tensor(rows, device=tokens.device)] = drawn
         logprobs = None
         if raw_logprobs is not None:
-            rows = [i for i, k in enumerate(want) if k is not None]
-            idx = torch.tensor(rows, device=tokens.device)
-            entries = logprob_entries(raw_logprobs[idx], tokens[idx], [want[i] for i in rows])
+            idx = torch.tensor(want, device=tokens.device)
+            entries = logprob_entries(raw_logprobs, tokens[idx], [params[i].logprobs for i in want])
             logprobs = [None] * len(params)
-            for i, entry in zip(rows, entries):
+            for i, entry in zip(want, entries):
                 logprobs[i] = entry
         return tokens.tolist(), logprobs
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from testbed.outputs import RequestOutput
 from testbed.server import protocol as P
 from testbed.server.async_engine import AsyncEngine
-from testbed.server.logprobs import chat_logprobs
+from testbed.server.logprobs import chat_logprobs, prompt_logprobs_json
 from testbed.server.request_input import Admitted, admit_request, chat_prompt_ids
 from testbed.server.responses import answer, usage_of
 from testbed.server.served_model import ServedModel
@@ -21,7 +21,7 @@ def chat_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
         if a.req.logprobs
         else None
     )
-    return P.chat_response(
+    body = P.chat_response(
         a.rid,
         a.created,
         model.name,
@@ -31,6 +31,9 @@ def chat_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
         usage_of(a, out),
         c.stop_reason,
     )
+    if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: top level
+        body["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
+    return body
 
 
 async def chat_chunks(model: ServedModel, a: Admitted):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from testbed.outputs import RequestOutput
 from testbed.server import protocol as P
 from testbed.server.async_engine import AsyncEngine
-from testbed.server.logprobs import completion_logprobs
+from testbed.server.logprobs import completion_logprobs, prompt_logprobs_json
 from testbed.server.request_input import Admitted, admit_request, completion_prompt_ids
 from testbed.server.responses import answer, usage_of
 from testbed.server.served_model import ServedModel
@@ -30,9 +30,12 @@ def completion_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict
         if out.prompt_logprobs is not None:
             token_ids, entries = a.prompt_ids + token_ids, out.prompt_logprobs + entries
     lp = completion_logprobs(model.tokenizer, token_ids, entries, 0) if a.params.logprobs is not None else None
-    return P.completion_response(
+    body = P.completion_response(
         a.rid, a.created, model.name, text, c.finish_reason, lp, usage_of(a, out), c.stop_reason
     )
+    if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: on the choice
+        body["choices"][0]["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
+    return body
 
 
 async def completion_chunks(model: ServedModel, a: Admitted):

@@ -55,3 +55,21 @@ def chat_logprobs(tokenizer, token_ids: list[int], entries: list[dict], top: int
         item["top_logprobs"] = [_chat_entry(n, lp) for n, (_, _, lp) in zip(names, best)]
         content.append(item)
     return {"content": content}
+
+
+def prompt_logprobs_json(tokenizer, entries: list[dict | None]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` field: per prompt token None (the first) or {token id: {logprob, rank,
+    decoded_token}}, the prompt token first, then the k most likely."""
+    out = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        names = token_strings(tokenizer, list(entry))
+        out.append(
+            {
+                str(tid): {"logprob": _lp(lp.logprob), "rank": lp.rank, "decoded_token": name}
+                for (tid, lp), name in zip(entry.items(), names)
+            }
+        )
+    return out

@@ -146,3 +146,15 @@ def test_engine_refuses_out_of_vocab_ids(llm):
     with pytest.raises(ValueError, match="logit_bias holds token id 99999"):
         llm.generate([[1, 2, 3]], SamplingParams(logit_bias={99999: 1.0}))
     assert not llm.engine.has_unfinished()
+
+
+def test_logprobs_are_the_models_raw_ones():
+    """vLLM's default logprobs_mode: the model's log-softmax, before biases, penalties and temperature."""
+    sampler = Sampler(vocab_size=V)
+    logits = torch.randn(2, V)
+    reqs = requests_for([SamplingParams(temperature=0.5, logit_bias={3: 100.0}, logprobs=2), SamplingParams()])
+    tokens, logprobs = sampler.sample(logits, reqs)
+    assert tokens[0] == 3 and logprobs[1] is None
+    raw = logits[0].log_softmax(-1)
+    assert logprobs[0][3].logprob == pytest.approx(float(raw[3]), abs=1e-6)
+    assert logprobs[0][3].rank == int((raw >= raw[3]).sum())

@@ -55,6 +55,13 @@ def test_completion_logprobs_with_echo(server, client):
     assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
     assert all(2 <= len(top) <= 3 for top in lp.top_logprobs[1:])  # the token itself + the 2 most likely
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # vLLM's prompt_logprobs field: the same numbers as the echoed prompt's logprobs
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": 1})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == n_prompt and plp[0] is None
+    ids = server.engine.tokenizer.encode(PROMPT)
+    for q in range(1, n_prompt):
+        assert plp[q][str(ids[q])]["logprob"] == pytest.approx(lp.token_logprobs[q], abs=1e-4)
 
 
 def test_penalties_bias_bans_and_min_tokens(server, client):
