@@ -26,7 +26,7 @@ class CompletionOutput:
         index: int,
         text: str,
         token_ids: list[int],
-        logprobs: list[float] | None = None,
+        logprobs: list[dict] | None = None,  # per token {token id: Logprob} (testbed.executor.logprobs)
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
     ):
@@ -44,7 +44,7 @@ class CompletionOutput:
         text: str,
         token_ids: list[int],
         num_tokens: int,
-        logprobs: list[float] | None,
+        logprobs: list[dict] | None,
         num_logprobs: int | None,
         finish_reason: str | None,
         stop_reason: int | str | None,
@@ -66,13 +66,13 @@ class CompletionOutput:
         self._token_ids, self._num_tokens = value, None
 
     @property
-    def logprobs(self) -> list[float] | None:
+    def logprobs(self) -> list[dict] | None:
         if self._num_logprobs is not None:
             self._logprobs, self._num_logprobs = self._logprobs[: self._num_logprobs], None
         return self._logprobs
 
     @logprobs.setter
-    def logprobs(self, value: list[float] | None) -> None:
+    def logprobs(self, value: list[dict] | None) -> None:
         self._logprobs, self._num_logprobs = value, None
 
     def _fields(self) -> tuple:
