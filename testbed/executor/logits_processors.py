@@ -12,10 +12,11 @@ vllm/v1/sample/ops/bad_words.py):
      subtracted, OpenAI's definition.
 Per-request state (output token counts, the prompt's token set, tokenized bad words) lives here keyed
 by request id, grows from the request's own token lists (so preemption and recompute need nothing) and
-is dropped when the request finishes (`forget`).
+is dropped when the request finishes (`forget`). Penalties touch only the tokens a request has seen
+(sparse), not the whole vocabulary as vLLM's GPU kernel does: the same numbers at O(tokens seen) on a CPU.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,9 +25,13 @@ from testbed.sampling_params import SamplingParamError, SamplingParams
 
 @dataclass
 class _RequestState:
-    output_counts: torch.Tensor | None = None  # [vocab] float: how often each token was generated
-    num_counted: int = 0  # output tokens already in output_counts
-    prompt_mask: torch.Tensor | None = None  # [vocab] bool: tokens of the prompt (repetition penalty)
+    penalized: bool = False  # the request has a penalty
+    # the tokens a penalty may touch: the prompt's (repetition penalty only) and the generated ones,
+    # with how often each was generated (0 for prompt-only tokens)
+    seen_ids: list[int] = field(default_factory=list)
+    seen_counts: list[float] = field(default_factory=list)
+    position: dict[int, int] = field(default_factory=dict)  # token id -> its index in seen_ids
+    num_counted: int = 0  # output tokens already counted
     bad_words: list[list[int]] | None = None  # token sequences (bad_words tokenized + bad_words_token_ids)
 
 
@@ -76,19 +81,24 @@ class LogitsProcessors:
         if st is None:
             st = self.state[request.request_id] = _RequestState()
             p = request.sampling_params
-            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
-                st.output_counts = torch.zeros(self.vocab_size, device=device)
+            st.penalized = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0)
             if p.repetition_penalty != 1.0:
-                prompt = torch.tensor(request.prompt_token_ids, dtype=torch.long, device=device)
-                st.prompt_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-                st.prompt_mask[prompt] = True
+                for token in dict.fromkeys(request.prompt_token_ids):
+                    st.position[token] = len(st.seen_ids)
+                    st.seen_ids.append(token)
+                    st.seen_counts.append(0.0)
             if p.bad_words or p.bad_words_token_ids:
                 words = tokenize_bad_words(self.tokenizer, p.bad_words) if p.bad_words else []
                 st.bad_words = words + p.bad_words_token_ids
-        if st.output_counts is not None and st.num_counted < len(request.output_token_ids):
-            new = request.output_token_ids[st.num_counted :]
-            ids = torch.tensor(new, dtype=torch.long, device=st.output_counts.device)
-            st.output_counts.index_add_(0, ids, torch.ones(len(new), device=st.output_counts.device))
+        if st.penalized and st.num_counted < len(request.output_token_ids):
+            for token in request.output_token_ids[st.num_counted :]:
+                pos = st.position.get(token)
+                if pos is None:
+                    st.position[token] = len(st.seen_ids)
+                    st.seen_ids.append(token)
+                    st.seen_counts.append(1.0)
+                else:
+                    st.seen_counts[pos] += 1.0
             st.num_counted = len(request.output_token_ids)
         return st
 
@@ -123,22 +133,20 @@ class LogitsProcessors:
 
     @staticmethod
     def _penalties(logits, rows, requests, states) -> None:
-        """vLLM's apply_penalties over the rows with a penalty, batched."""
-        pen = [(i, st) for i, st in zip(rows, states) if st.output_counts is not None]
+        """vLLM's apply_penalties over the seen tokens of every penalized row, in one gather / scatter."""
+        pen = [(i, st) for i, st in zip(rows, states) if st.penalized and st.seen_ids]
         if not pen:
             return
-        idx = torch.tensor([i for i, _ in pen], dtype=torch.long, device=logits.device)
+        device = logits.device
+        sizes = [len(st.seen_ids) for _, st in pen]
         params = [requests[i].sampling_params for i, _ in pen]
-        counts = torch.stack([st.output_counts for _, st in pen])
-        sub = logits[idx]
-        rep = torch.tensor([p.repetition_penalty for p in params], device=logits.device).unsqueeze(1)
-        if (rep != 1.0).any():
-            zeros = torch.zeros_like(counts, dtype=torch.bool)
-            seen = torch.stack([st.prompt_mask if st.prompt_mask is not None else zeros[0] for _, st in pen])
-            seen |= counts > 0
-            factor = torch.where(seen, rep, torch.ones_like(rep))
-            sub = torch.where(sub > 0, sub / factor, sub * factor)
-        freq = torch.tensor([p.frequency_penalty for p in params], device=logits.device).unsqueeze(1)
-        pres = torch.tensor([p.presence_penalty for p in params], device=logits.device).unsqueeze(1)
-        sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
-        logits[idx] = sub
+        per_row = lambda values: torch.tensor(values, device=device).repeat_interleave(torch.tensor(sizes))
+        row_idx = per_row([i for i, _ in pen])
+        token_idx = torch.tensor([t for _, st in pen for t in st.seen_ids], device=device)
+        counts = torch.tensor([c for _, st in pen for c in st.seen_counts], device=device)
+        rep = per_row([p.repetition_penalty for p in params]).to(logits.dtype)
+        values = logits[row_idx, token_idx]
+        values = torch.where(values > 0, values / rep, values * rep)  # every seen token (prompt or output)
+        values -= per_row([p.frequency_penalty for p in params]) * counts
+        values -= per_row([p.presence_penalty for p in params]) * (counts > 0).to(values.dtype)
+        logits[row_idx, token_idx] = values
