@@ -44,6 +44,15 @@ def test_chat_top_logprobs(client):
         top = item.top_logprobs
         assert len(top) == 5 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
         assert top[0].token == item.token and top[0].logprob == pytest.approx(item.logprob)  # greedy: the top one
+    stream = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=4, temperature=0, logprobs=True, top_logprobs=5, stream=True
+    )
+    streamed = [
+        item for ch in stream if ch.choices and ch.choices[0].logprobs for item in ch.choices[0].logprobs.content
+    ]
+    assert [(i.token, i.logprob, [t.token for t in i.top_logprobs]) for i in streamed] == [
+        (i.token, i.logprob, [t.token for t in i.top_logprobs]) for i in r.choices[0].logprobs.content
+    ]
 
 
 def test_completion_logprobs_with_echo(server, client):
@@ -55,6 +64,12 @@ def test_completion_logprobs_with_echo(server, client):
     assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
     assert all(2 <= len(top) <= 3 for top in lp.top_logprobs[1:])  # the token itself + the 2 most likely
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    stream = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2, echo=True, stream=True
+    )
+    chunks = [ch.choices[0] for ch in stream if ch.choices]
+    assert "".join(c.text for c in chunks) == choice.text
+    assert [v for c in chunks for v in c.logprobs.token_logprobs] == lp.token_logprobs
     # vLLM's prompt_logprobs field: the same numbers as the echoed prompt's logprobs
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": 1})
     plp = r.choices[0].model_extra["prompt_logprobs"]
