@@ -140,7 +140,8 @@ class LogitsProcessors:
         device = logits.device
         sizes = [len(st.seen_ids) for _, st in pen]
         params = [requests[i].sampling_params for i, _ in pen]
-        per_row = lambda values: torch.tensor(values, device=device).repeat_interleave(torch.tensor(sizes))
+        repeats = torch.tensor(sizes, device=device)
+        per_row = lambda values: torch.tensor(values, device=device).repeat_interleave(repeats)
         row_idx = per_row([i for i, _ in pen])
         token_idx = torch.tensor([t for _, st in pen for t in st.seen_ids], device=device)
         counts = torch.tensor([c for _, st in pen for c in st.seen_counts], device=device)
