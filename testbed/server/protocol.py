@@ -18,6 +18,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from testbed.sampling_params import SamplingParamError, SamplingParams
+from testbed.server.output_constraints import (
+    ResponseFormat,
+    StructuredOutputsField,
+    constraint_field,
+    output_constraint,
+)
 from testbed.structured import StructuredOutputsParams
 
 
@@ -66,40 +72,6 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
-
-
-class JSONSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-    name: str = "schema"
-    description: str | None = None
-    json_schema: dict | bool | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's response_format: text, json_object or json_schema."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JSONSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema(self):
-        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.json_schema is None):
-            raise ValueError('response_format of type "json_schema" needs json_schema.schema')
-        return self
-
-
-class StructuredOutputsField(BaseModel):
-    """vLLM's `structured_outputs` request field (its StructuredOutputsParams)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    json_: str | dict | None = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
 
 
 # OpenAI clamps logit_bias values to this range (vLLM does the same)
@@ -180,41 +152,8 @@ class _SamplingFields(BaseModel):
 
     def structured(self) -> StructuredOutputsParams | None:
         """The one output constraint among structured_outputs, guided_*, response_format (json kinds)."""
-        found = {}
-        fmt = self.response_format
-        guided = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, f"guided_{n}") is not None]
-        # the field that carried the constraint, for error bodies
-        self._constraint_field = (
-            "structured_outputs"
-            if self.structured_outputs is not None
-            else "response_format"
-            if fmt is not None and fmt.type != "text"
-            else f"guided_{guided[0]}"
-            if guided
-            else None
-        )
-        if self.structured_outputs is not None:
-            so = self.structured_outputs
-            kinds = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar}
-            found.update({k: v for k, v in kinds.items() if v is not None})
-            if so.json_object:
-                found["json_object"] = True
-        for name in ("json", "regex", "choice", "grammar"):
-            value = getattr(self, f"guided_{name}")
-            if value is not None:
-                if name in found:
-                    message = f"guided_{name} given twice (also in structured_outputs)"
-                    raise SamplingParamError(f"guided_{name}", message)
-                found[name] = value
-        if fmt is not None and fmt.type != "text":
-            key = "json_object" if fmt.type == "json_object" else "json"
-            if key in found:
-                raise SamplingParamError("response_format", f"response_format and another {key} constraint given")
-            found[key] = True if fmt.type == "json_object" else fmt.json_schema.json_schema
-        if not found:
-            return None
-        whitespace = bool(self.structured_outputs and self.structured_outputs.disable_any_whitespace)
-        return StructuredOutputsParams(**found, disable_any_whitespace=whitespace)
+        self._constraint_field = constraint_field(self)  # first: a constraint that fails names its field
+        return output_constraint(self)
 
     def to_sampling_params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
