@@ -131,7 +131,8 @@ class Recorder:
             "num_waiting": stats.num_waiting,
             "num_running": stats.num_running,
         }
-        for name in ("num_spec_tokens", "num_accepted_tokens"):  # optional fields (spec decode)
+        # optional fields: spec decode; structured output's grammar time (seconds of the step)
+        for name in ("num_spec_tokens", "num_accepted_tokens", "grammar_time_s"):
             if hasattr(stats, name):
                 row[name] = getattr(stats, name)
         row.update(kv_fields(stats.kv))

@@ -2,8 +2,19 @@
 
 from testbed.config import EngineConfig
 from testbed.engine import Engine
+from testbed.executor.logprobs import Logprob
 from testbed.llm import LLM
 from testbed.outputs import CompletionOutput, RequestOutput
 from testbed.sampling_params import SamplingParams
+from testbed.structured import StructuredOutputsParams
 
-__all__ = ["LLM", "Engine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = [
+    "LLM",
+    "Engine",
+    "EngineConfig",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+]

@@ -15,6 +15,7 @@ from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from testbed.core.swap import SwapManager
 from testbed.executor.build import build_executor
 from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
+from testbed.executor.sampler import Sampler
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
@@ -35,6 +36,7 @@ class StepStats:
     num_waiting: int
     num_running: int
     kv: KVCacheStats
+    grammar_time_s: float = 0.0  # structured output's share of the step (grammar masks, matcher updates)
 
 
 class Engine:
@@ -77,8 +79,10 @@ class Engine:
         )
         policy = get_policy(config.scheduler, **config.scheduler_options)
         self.scheduler = Scheduler(scheduler_config, self.kv, policy, clock, swap)
+        # validate() asks the sampler about vocabulary-dependent parameters, so the engine owns it
+        self.sampler = Sampler(config.seed, self.device, self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
         self.executor, self.model, self.spec = build_executor(
-            config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype
+            config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
         self.step_count = 0
@@ -108,6 +112,7 @@ class Engine:
                 f"{self.config.max_num_batched_tokens} and chunked prefill is off"
             )
         final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
+        self.sampler.check(params, request_id)
         need = self.kv.blocks_for_request(final_len)
         if need > self.kv.num_blocks:
             raise ValueError(
@@ -153,6 +158,10 @@ class Engine:
             self._check_not_stalled()
             return []
         result = self.executor.execute(sched)
+        if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
+            for request, entries in zip(sched.requests, result.prompt_logprobs):
+                if entries:
+                    request.prompt_logprobs.extend(entries)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
         outputs = self.output_processor.process(updates)
         if self.spec:
@@ -186,6 +195,7 @@ class Engine:
             scheduler.num_waiting,
             scheduler.num_running,
             kv,
+            self.sampler.take_grammar_time(),
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)

@@ -26,7 +26,7 @@ class CompletionOutput:
         index: int,
         text: str,
         token_ids: list[int],
-        logprobs: list[float] | None = None,
+        logprobs: list[dict] | None = None,  # per token {token id: Logprob} (testbed.executor.logprobs)
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
     ):
@@ -44,7 +44,7 @@ class CompletionOutput:
         text: str,
         token_ids: list[int],
         num_tokens: int,
-        logprobs: list[float] | None,
+        logprobs: list[dict] | None,
         num_logprobs: int | None,
         finish_reason: str | None,
         stop_reason: int | str | None,
@@ -66,13 +66,13 @@ class CompletionOutput:
         self._token_ids, self._num_tokens = value, None
 
     @property
-    def logprobs(self) -> list[float] | None:
+    def logprobs(self) -> list[dict] | None:
         if self._num_logprobs is not None:
             self._logprobs, self._num_logprobs = self._logprobs[: self._num_logprobs], None
         return self._logprobs
 
     @logprobs.setter
-    def logprobs(self, value: list[float] | None) -> None:
+    def logprobs(self, value: list[dict] | None) -> None:
         self._logprobs, self._num_logprobs = value, None
 
     def _fields(self) -> tuple:
@@ -115,6 +115,7 @@ class RequestOutput:
         "finished",
         "new_token_ids",
         "prompt",
+        "prompt_logprobs",
         "_outputs",
         "_metrics",
         "_source",
@@ -129,12 +130,14 @@ class RequestOutput:
         new_token_ids: list[int] | None = None,
         metrics: RequestMetrics | None = None,
         prompt: str | None = None,
+        prompt_logprobs: list | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.finished = finished
         self.new_token_ids = [] if new_token_ids is None else new_token_ids  # produced by the step returning this
         self.prompt = prompt
+        self.prompt_logprobs = prompt_logprobs  # per prompt token {token id: Logprob}, the first None
         self._outputs, self._metrics, self._source = outputs, metrics, None
 
     @classmethod
@@ -145,6 +148,7 @@ class RequestOutput:
         out.request_id, out.prompt_token_ids = request.request_id, request.prompt_token_ids
         status = request.status
         out.finished, out.new_token_ids, out.prompt = status.finished, new_token_ids, None
+        out.prompt_logprobs = request.prompt_logprobs  # complete once the prompt is computed
         out._outputs = out._metrics = None
         logprobs = request.output_logprobs if request.sampling_params.logprobs is not None else None
         out._source = (

@@ -53,7 +53,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.spec_token_ids: list[int] = []  # proposed, not yet verified (speculative decoding)
-        self.output_logprobs: list[float] = []
+        self.output_logprobs: list = []  # per output token: {token id: Logprob} (testbed.executor.logprobs)
+        # per prompt token: {token id: Logprob}, None for the first; filled as prefill chunks run
+        self.prompt_logprobs: list | None = [None] if sampling_params.prompt_logprobs is not None else None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 = not yet scheduled

@@ -54,8 +54,8 @@ class KVCacheManager(KVAllocator):
         """Longest cached prefix of a request not yet holding blocks: (blocks, num computed tokens).
 
         At least one token is always left to compute, since sampling needs its logits."""
-        if not self.enable_prefix_caching:
-            return [], 0
+        if not self.enable_prefix_caching or request.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed (as vLLM v1)
         max_hit_tokens = request.num_tokens - 1
         self._update_hashes(request, max_hit_tokens)
         blocks = []

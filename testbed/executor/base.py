@@ -14,7 +14,9 @@ from testbed.core.scheduler import SchedulerOutput
 @dataclass
 class ExecutorOutput:
     sampled: list[list[int] | None]  # per scheduled request: new tokens (None mid-prefill)
-    logprobs: list[list[float] | None] | None = None
+    logprobs: list[list[dict] | None] | None = None  # per scheduled request: per new token {token id: Logprob}
+    # per scheduled request: {token id: Logprob} of the prompt tokens this step scored (prompt_logprobs)
+    prompt_logprobs: list[list[dict] | None] | None = None
 
 
 class Executor(Protocol):

@@ -35,6 +35,7 @@ def build_executor(
     num_cpu_blocks: int | None,
     device: torch.device,
     dtype: torch.dtype,
+    sampler: Sampler,
 ) -> ExecutorParts:
     """num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool)."""
     width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS
@@ -47,7 +48,6 @@ def build_executor(
         return ExecutorParts(NullExecutor(tables, buffers, token), None, None)
 
     model = build_model(spec, backend, dtype, device, config.seed)
-    sampler = Sampler(config.seed, device)
     spec_config = SpeculativeConfig.from_any(config.speculative_config)
     scratch = 0
     if spec_config.method == "layerskip":  # the draft writes its KV into the target's tensors

@@ -8,6 +8,7 @@ from testbed.executor.block_tables import BlockTables
 from testbed.executor.host_buffers import InputBuffers
 from testbed.executor.inputs import ModelInputs, prepare_inputs
 from testbed.executor.kv_cache import KVBlockCopier
+from testbed.executor.prompt_logprobs import prompt_logprobs
 from testbed.executor.sampler import Sampler
 
 
@@ -48,22 +49,23 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if self.spec is not None:
             self.spec.observe(inputs)  # a draft model writes its KV into the same slots
+        prompt_lps = prompt_logprobs(out, hidden, self.model.compute_logits)  # None unless a request asks
         rows = [i for i, k in enumerate(inputs.num_logits) if k]
         if not rows:
-            return ExecutorOutput([None] * len(out.requests))
+            return ExecutorOutput([None] * len(out.requests), None, prompt_lps)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if self.spec is not None and any(k > 1 for k in inputs.num_logits):
             # 1 + k rows for a request with k drafts: speculative verification
-            return ExecutorOutput(*self.spec.verify(out.requests, inputs.num_logits, logits, self.sampler))
+            verified = self.spec.verify(out.requests, inputs.num_logits, logits, self.sampler)
+            return ExecutorOutput(*verified, prompt_lps)
         # one token per request here (one logits row each, in order)
-        reqs = [out.requests[i] for i in rows]
-        tokens, lps = self.sampler.sample(logits, [r.request_id for r in reqs], [r.sampling_params for r in reqs])
+        tokens, lps = self.sampler.sample(logits, [out.requests[i] for i in rows])
         sampled: list[list[int] | None] = [None] * len(out.requests)
         for j, i in enumerate(rows):
             sampled[i] = [tokens[j]]
         if lps is None:
-            return ExecutorOutput(sampled)
-        logprobs: list[list[float] | None] = [None] * len(out.requests)
+            return ExecutorOutput(sampled, None, prompt_lps)
+        logprobs: list[list[dict] | None] = [None] * len(out.requests)
         for j, i in enumerate(rows):
-            logprobs[i] = [lps[j]]
-        return ExecutorOutput(sampled, logprobs)
+            logprobs[i] = [lps[j]] if lps[j] is not None else None
+        return ExecutorOutput(sampled, logprobs, prompt_lps)

@@ -1,46 +1,57 @@
-"""POST /v1/completions: one prompt (text or token ids) in, its completion out, whole or streamed."""
+"""POST /v1/completions: one prompt (text or token ids) in, its completion out, whole or streamed.
+echo: true puts the prompt before the completion (and, with logprobs, the prompt tokens' logprobs first)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from testbed.outputs import CompletionOutput
+from testbed.outputs import RequestOutput
 from testbed.server import protocol as P
 from testbed.server.async_engine import AsyncEngine
-from testbed.server.logprobs import completion_logprobs
+from testbed.server.logprobs import completion_logprobs, prompt_logprobs_json
 from testbed.server.request_input import Admitted, admit_request, completion_prompt_ids
-from testbed.server.responses import answer
+from testbed.server.responses import answer, usage_of
 from testbed.server.served_model import ServedModel
 from testbed.server.text_deltas import text_deltas
 
 
-def completion_body(model: ServedModel, a: Admitted, c: CompletionOutput) -> dict:
-    lp = (
-        completion_logprobs(model.tokenizer, c.token_ids, c.logprobs or [], 0)
-        if a.params.logprobs is not None
-        else None
+def echoed_prompt(model: ServedModel, a: Admitted) -> str:
+    prompt = a.req.single_prompt()
+    if isinstance(prompt, str):
+        return prompt
+    return model.tokenizer.decode(a.prompt_ids) if model.tokenizer is not None else ""
+
+
+def completion_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
+    c = out.outputs[0]
+    text, token_ids, entries = c.text, c.token_ids, c.logprobs or []
+    if a.req.echo:
+        text = echoed_prompt(model, a) + text
+        if out.prompt_logprobs is not None:
+            token_ids, entries = a.prompt_ids + token_ids, out.prompt_logprobs + entries
+    lp = completion_logprobs(model.tokenizer, token_ids, entries, 0) if a.params.logprobs is not None else None
+    body = P.completion_response(
+        a.rid, a.created, model.name, text, c.finish_reason, lp, usage_of(a, out), c.stop_reason
     )
-    return P.completion_response(
-        a.rid,
-        a.created,
-        model.name,
-        c.text,
-        c.finish_reason,
-        lp,
-        P.usage(len(a.prompt_ids), len(c.token_ids)),
-        c.stop_reason,
-    )
+    if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: on the choice
+        body["choices"][0]["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
+    return body
 
 
 async def completion_chunks(model: ServedModel, a: Admitted):
-    req, n_prompt, text_pos = a.req, len(a.prompt_ids), 0
+    req, text_pos, first = a.req, 0, True
     async for out, text, new, lps in text_deltas(model.tokenizer, a.params, a.stream):
         c = out.outputs[0]
+        if first and req.echo:  # the prompt rides on the first chunk
+            prompt_text = echoed_prompt(model, a)
+            text = prompt_text + text
+            if out.prompt_logprobs is not None:
+                new, lps = a.prompt_ids + new, out.prompt_logprobs + lps
+        first = False
         lp = None
         if a.params.logprobs is not None:
             lp = completion_logprobs(model.tokenizer, new, lps, text_pos)
         text_pos += len(text)
-        u = P.usage(n_prompt, len(c.token_ids)) if req.continuous_usage else None
         yield P.completion_chunk(
             a.rid,
             a.created,
@@ -48,11 +59,11 @@ async def completion_chunks(model: ServedModel, a: Admitted):
             text,
             c.finish_reason if out.finished else None,
             lp,
-            u,
+            usage_of(a, out) if req.continuous_usage else None,
             c.stop_reason if out.finished else None,
         )
         if out.finished and req.include_usage:
-            yield P.usage_chunk(a.rid, a.created, model.name, "text_completion", P.usage(n_prompt, len(c.token_ids)))
+            yield P.usage_chunk(a.rid, a.created, model.name, "text_completion", usage_of(a, out))
 
 
 def completion_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRouter:
@@ -61,6 +72,6 @@ def completion_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRoute
     @router.post("/v1/completions")
     async def completions(request: Request):
         a = await admit_request(request, P.CompletionRequest, completion_prompt_ids, "cmpl", model, async_engine)
-        return await answer(request, a, lambda: completion_chunks(model, a), lambda c: completion_body(model, a, c))
+        return await answer(request, a, lambda: completion_chunks(model, a), lambda out: completion_body(model, a, out))
 
     return router

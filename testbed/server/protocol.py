@@ -3,7 +3,10 @@
 Requests are validated strictly (no silent "1" -> 1 coercion): a wrong type, a missing field or a value
 out of range is an OpenAI-style error body with HTTP 400, built by `error_body`.
 Extensions beyond OpenAI's names, as vLLM spells them: top_k, min_p, ignore_eos, stop_token_ids,
-stream_options.continuous_usage_stats (usage on every streamed chunk).
+stream_options.continuous_usage_stats (usage on every streamed chunk), repetition_penalty, min_tokens,
+bad_words, allowed_token_ids, prompt_logprobs, structured_outputs and the older guided_json /
+guided_regex / guided_choice / guided_grammar. Sampling parameters the engine defines are range-checked
+by SamplingParams itself, so HTTP and in-process callers get the same messages.
 """
 
 from __future__ import annotations
@@ -12,9 +15,16 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from testbed.sampling_params import SamplingParams
+from testbed.sampling_params import SamplingParamError, SamplingParams
+from testbed.server.output_constraints import (
+    ResponseFormat,
+    StructuredOutputsField,
+    constraint_field,
+    output_constraint,
+)
+from testbed.structured import StructuredOutputsParams
 
 
 class APIError(Exception):
@@ -64,6 +74,10 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
 
 
+# OpenAI clamps logit_bias values to this range (vLLM does the same)
+LOGIT_BIAS_LIMIT = 100.0
+
+
 class _SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -82,20 +96,29 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)  # vLLM extension (policy-dependent)
+    # vLLM extensions: logits processors, prompt logprobs, structured output
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    response_format: ResponseFormat | None = None
+    _constraint_field: str | None = PrivateAttr(default=None)  # set by structured(): the field for error bodies
 
     @model_validator(mode="after")
     def _unsupported(self):
         if self.n != 1:
             raise ValueError(f"n={self.n} is not supported: only n=1")
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported (must be 0)")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
         if isinstance(self.stop, list) and len(self.stop) > 16:
             raise ValueError("at most 16 stop sequences")
         if self.stop == "" or (isinstance(self.stop, list) and "" in self.stop):
@@ -111,9 +134,35 @@ class _SamplingFields(BaseModel):
     def default_max_tokens(self) -> int | None:
         return None
 
+    def _logit_bias(self) -> dict[int, float]:
+        """OpenAI's string token ids -> ints; values clamped to [-100, 100] (vLLM's protocol does the same)."""
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise SamplingParamError(
+                    "logit_bias", f"logit_bias keys must be token ids (integers as strings), got {key!r}"
+                ) from None
+            bias[token] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, value))
+        return bias
+
+    def _prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The one output constraint among structured_outputs, guided_*, response_format (json kinds)."""
+        self._constraint_field = constraint_field(self)  # first: a constraint that fails names its field
+        return output_constraint(self)
+
     def to_sampling_params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         max_tokens = self._max_tokens()
+        extras = {
+            name: getattr(self, name)
+            for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+            if getattr(self, name) is not None
+        }
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -125,7 +174,19 @@ class _SamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             seed=self.seed,
             logprobs=self._logprobs(),
+            prompt_logprobs=self._prompt_logprobs(),
+            logit_bias=self._logit_bias(),
+            min_tokens=self.min_tokens,
+            bad_words=list(self.bad_words or []),
+            allowed_token_ids=self.allowed_token_ids,
+            structured_outputs=self.structured(),
+            **extras,
         )
+
+    @property
+    def constraint_field(self) -> str | None:
+        """The request field that carried the output constraint (after to_sampling_params)."""
+        return self._constraint_field
 
     @property
     def include_usage(self) -> bool:
@@ -139,7 +200,7 @@ class _SamplingFields(BaseModel):
 class CompletionRequest(_SamplingFields):
     # str | [str] (one) | [int] | [[int]] (one)
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = None  # k: the sampled token + the k most likely, k <= 20 (checked by SamplingParams)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -153,8 +214,6 @@ class CompletionRequest(_SamplingFields):
             and len(self.prompt) != 1
         ):
             raise ValueError(f"a batch of {len(self.prompt)} prompts is not supported: send one prompt")
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.best_of not in (None, 1):
             raise ValueError(f"best_of={self.best_of} is not supported: only 1")
         if self.suffix:
@@ -172,6 +231,12 @@ class CompletionRequest(_SamplingFields):
 
     def _logprobs(self) -> int | None:
         return self.logprobs
+
+    def _prompt_logprobs(self) -> int | None:
+        # echo with logprobs scores the echoed prompt too (vLLM: prompt_logprobs = logprobs)
+        if self.echo and self.logprobs is not None and self.prompt_logprobs is None:
+            return self.logprobs
+        return self.prompt_logprobs
 
 
 class TextPart(BaseModel):
@@ -221,12 +286,16 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 # ---- responses ------------------------------------------------------------------------------------
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens = prompt tokens served from the prefix cache."""
+    body = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def now_s() -> int:

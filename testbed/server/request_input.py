@@ -45,8 +45,13 @@ async def parse_request(request: Request, model_cls, model: ServedModel):
 def sampling_params(req) -> SamplingParams:
     try:
         return req.to_sampling_params()
-    except (ValueError, TypeError) as e:
-        raise P.APIError(str(e), 400, param=None, code="invalid_value") from e
+    except (ValueError, TypeError) as e:  # SamplingParamError / StructuredOutputError name the parameter
+        raise P.APIError(str(e), 400, param=_field(req, getattr(e, "param", None)), code="invalid_value") from e
+
+
+def _field(req, param: str | None) -> str | None:
+    """A constraint's errors name the field the client used (response_format, guided_json, ...)."""
+    return (req.constraint_field or param) if param == "structured_outputs" else param
 
 
 def _prompt_too_long(n: int, limit: int, param: str) -> P.APIError:
@@ -118,7 +123,11 @@ async def admit_request(
     check_prompt_size(req, model)
     prompt_ids = await model.tokenizers.run(prompt_ids_of, req, model)  # off the event loop
     rid, created = P.random_id(id_prefix), P.now_s()
-    stream = _add_to_engine(async_engine, model, prompt_ids, params, rid, arrival, req.priority)
+    try:
+        stream = _add_to_engine(async_engine, model, prompt_ids, params, rid, arrival, req.priority)
+    except P.APIError as e:  # a constraint the grammar engine refused: name the field the client used
+        e.param = _field(req, e.param)
+        raise
     return Admitted(req, params, prompt_ids, rid, created, stream)
 
 
@@ -143,8 +152,10 @@ def _add_to_engine(
         )
     try:
         return async_engine.add_request(prompt_ids, params, rid, arrival, priority)
-    except ValueError as e:
-        raise P.APIError(str(e), 400, param="prompt", code="invalid_prompt") from e
+    except ValueError as e:  # the engine's checks; sampling ones (vocabulary, grammar) name their parameter
+        param = getattr(e, "param", None)
+        code = "invalid_value" if param else "invalid_prompt"
+        raise P.APIError(str(e), 400, param=param or "prompt", code=code) from e
     except QueueFullError as e:
         raise P.APIError(str(e), 503, "service_unavailable_error", code="queue_full") from e
     except ShuttingDownError as e:

@@ -9,10 +9,18 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from testbed.outputs import CompletionOutput
+from testbed.outputs import RequestOutput
+from testbed.server import protocol as P
 from testbed.server.async_engine import RequestStream
 from testbed.server.request_input import Admitted
 from testbed.server.sse import SSEResponse, event_stream
+
+
+def usage_of(admitted: Admitted, out: RequestOutput) -> dict:
+    """OpenAI's usage of a request as it is now, with the prompt tokens the prefix cache served."""
+    metrics = out.metrics
+    cached = metrics.num_cached_tokens if metrics is not None else 0
+    return P.usage(len(admitted.prompt_ids), len(out.outputs[0].token_ids), cached)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -48,12 +56,12 @@ async def answer(
     request: Request,
     admitted: Admitted,
     chunks: Callable[[], AsyncIterator[dict]],
-    body: Callable[[CompletionOutput], dict],
+    body: Callable[[RequestOutput], dict],
 ):
-    """stream: true: the events of chunks(); otherwise body(the finished completion) as JSON."""
+    """stream: true: the events of chunks(); otherwise body(the finished output) as JSON."""
     if admitted.req.stream:
         return SSEResponse(event_stream(chunks()), admitted.stream.abort)
     out = await final_output(admitted.stream, request)
     if out is None:
         return Response(status_code=499)  # the client closed the connection (nginx's code)
-    return JSONResponse(body(out.outputs[0]))
+    return JSONResponse(body(out))

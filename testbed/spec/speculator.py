@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from testbed.executor.logprobs import logprob_entries
 from testbed.executor.sampler import filter_logits
 from testbed.request import Request
 from testbed.spec.base import Proposer
@@ -40,6 +41,8 @@ class Speculator:
         for r in running:
             if r.is_finished or r.spec_token_ids or r.num_computed_tokens != r.num_tokens - 1:
                 continue
+            if r.sampling_params.uses_processors:  # penalties, bans, grammars: verified rows would skip them
+                continue
             k = self.num_drafts_allowed(r)
             if k > 0:
                 reqs.append(r)
@@ -74,13 +77,11 @@ class Speculator:
         plain = [i for i, n in enumerate(num_logits) if n == 1]
         if plain:
             rows = torch.tensor([offsets[i] for i in plain], device=logits.device)
-            toks, lps = sampler.sample(
-                logits[rows], [requests[i].request_id for i in plain], [requests[i].sampling_params for i in plain]
-            )
+            toks, lps = sampler.sample(logits[rows], [requests[i] for i in plain])
             for j, i in enumerate(plain):
                 sampled[i] = [toks[j]]
                 if want_logprobs:
-                    logprobs[i] = [lps[j]] if lps is not None else None
+                    logprobs[i] = [lps[j]] if lps is not None and lps[j] is not None else None
         # greedy requests: the longest prefix of drafts matching the target's argmax
         emitted: dict[int, list[int]] = {}
         for i, n in enumerate(num_logits):
@@ -115,9 +116,10 @@ class Speculator:
             self.draft_probs.pop(requests[i].request_id, None)
             self.metrics.record(n - 1, len(tokens) - 1)
             sampled[i] = tokens
-            if want_logprobs:
+            k = requests[i].sampling_params.logprobs
+            if want_logprobs and k is not None:
                 lp = logits[offsets[i] : offsets[i] + len(tokens)].log_softmax(dim=-1)
-                logprobs[i] = lp.gather(1, torch.tensor(tokens, device=lp.device).unsqueeze(1)).squeeze(1).tolist()
+                logprobs[i] = logprob_entries(lp, torch.tensor(tokens, device=lp.device), [k] * len(tokens))
         return sampled, logprobs
 
     def stats(self) -> dict:

@@ -90,11 +90,11 @@ def test_64_concurrent_streams_with_disconnects(server, scrape, wait_for):
 
     def idle_metrics():
         m = scrape(server.url)
-        return m if m["testbed:num_requests_running"] == 0 and m["testbed:num_requests_waiting"] == 0 else None
+        return m if m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0 else None
 
     m = wait_for(idle_metrics, timeout=30)
     assert m, "requests still running after every client is gone"
-    assert m["testbed:kv_cache_usage_perc"] == 0.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.0
     assert m["testbed:kv_cache_free_blocks"] == m["testbed:kv_cache_num_blocks"] == engine.kv.num_blocks
     assert wait_for(lambda: ae.num_in_flight == 0, timeout=5)
     assert engine.kv.pool.num_free_blocks == engine.kv.num_blocks
@@ -104,26 +104,26 @@ def test_64_concurrent_streams_with_disconnects(server, scrape, wait_for):
         return m[key] - before.get(key, 0.0)
 
     n_hung = sum(r["hung_up"] for r in results)
-    assert delta('testbed:request_success_total{finished_reason="abort",model_name="tiny"}') == n_hung
-    assert delta('testbed:request_success_total{finished_reason="length",model_name="tiny"}') == 64 - n_hung
+    assert delta('vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"}') == n_hung
+    assert delta('vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"}') == 64 - n_hung
     finished_tokens = sum(r["max_tokens"] for r in results if not r["hung_up"])
-    assert delta("testbed:generation_tokens_total") >= finished_tokens + 3 * n_hung
-    assert delta("testbed:time_to_first_token_seconds_count") == 64
-    assert delta("testbed:e2e_request_latency_seconds_count") == 64 - n_hung
-    assert delta("testbed:prompt_tokens_total") == sum(len(job[1]) for job in jobs)
+    assert delta("vllm:generation_tokens_total") >= finished_tokens + 3 * n_hung
+    assert delta("vllm:time_to_first_token_seconds_count") == 64
+    assert delta("vllm:e2e_request_latency_seconds_count") == 64 - n_hung
+    assert delta("vllm:prompt_tokens_total") == sum(len(job[1]) for job in jobs)
     # the hung-up ones were stopped early, far from their 1000 tokens
-    assert delta("testbed:generation_tokens_total") < finished_tokens + 1000 * n_hung / 2
+    assert delta("vllm:generation_tokens_total") < finished_tokens + 1000 * n_hung / 2
 
 
 def test_non_streaming_client_disconnect_aborts(server, scrape, wait_for):
-    before = scrape(server.url)['testbed:request_success_total{finished_reason="abort",model_name="tiny"}']
+    before = scrape(server.url)['vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"}']
     with pytest.raises(httpx.TimeoutException):
         httpx.post(
             server.url + "/v1/completions",
             timeout=1.0,
             json={"model": MODEL, "prompt": [5] * 20, "max_tokens": 60000, "ignore_eos": True},
         )
-    key = 'testbed:request_success_total{finished_reason="abort",model_name="tiny"}'
+    key = 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"}'
     assert wait_for(lambda: scrape(server.url)[key] == before + 1, timeout=20)
     assert wait_for(lambda: server.engine.kv.pool.num_free_blocks == server.engine.kv.num_blocks, timeout=10)
 
@@ -146,15 +146,15 @@ def test_waiting_queue_full_is_503(one_torch_thread, scrape, wait_for):
             t.start()
             clients.append(t)
             if i == 0:
-                assert wait_for(lambda: scrape(srv.url)["testbed:num_requests_running"] == 1, timeout=20)
-        assert wait_for(lambda: scrape(srv.url)["testbed:num_requests_waiting"] == 2, timeout=20)
+                assert wait_for(lambda: scrape(srv.url)["vllm:num_requests_running"] == 1, timeout=20)
+        assert wait_for(lambda: scrape(srv.url)["vllm:num_requests_waiting"] == 2, timeout=20)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as info:
             client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=2)
         assert info.value.status_code == 503
         assert info.value.response.json()["error"]["code"] == "queue_full"
         assert info.value.response.headers.get("retry-after") == "1"
-        assert scrape(srv.url)['testbed:request_rejected_total{model_name="tiny",reason="queue_full"}'] == 1
+        assert scrape(srv.url)['testbed:request_rejected_total{engine="0",model_name="tiny",reason="queue_full"}'] == 1
         stop.set()
         for t in clients:
             t.join(30)
@@ -314,6 +314,18 @@ def test_fuzzed_bodies_never_500(server):
         "max_completion_tokens",
         "top_logprobs",
         "tools",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "bad_words",
+        "allowed_token_ids",
+        "prompt_logprobs",
+        "response_format",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
     ]
     with httpx.Client(base_url=server.url, timeout=30) as c:
         for _ in range(80):

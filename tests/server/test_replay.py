@@ -67,12 +67,12 @@ def test_http_replay_matches_in_process(one_torch_thread, trace, scrape):
         assert 0 < remote[key] < 5 * local[key] + 50, (key, local[key], remote[key])
         assert local[key] < 5 * remote[key] + 50, (key, local[key], remote[key])
     # the server's view agrees with the client's: same requests and tokens, server TTFT <= client TTFT
-    assert server_metrics["testbed:time_to_first_token_seconds_count"] == len(trace)
-    assert server_metrics["testbed:generation_tokens_total"] == remote["total_output_tokens"]
-    assert server_metrics["testbed:prompt_tokens_total"] == remote["total_input_tokens"]
+    assert server_metrics["vllm:time_to_first_token_seconds_count"] == len(trace)
+    assert server_metrics["vllm:generation_tokens_total"] == remote["total_output_tokens"]
+    assert server_metrics["vllm:prompt_tokens_total"] == remote["total_input_tokens"]
     server_mean_ttft_ms = 1e3 * (
-        server_metrics["testbed:time_to_first_token_seconds_sum"]
-        / server_metrics["testbed:time_to_first_token_seconds_count"]
+        server_metrics["vllm:time_to_first_token_seconds_sum"]
+        / server_metrics["vllm:time_to_first_token_seconds_count"]
     )
     assert server_mean_ttft_ms <= remote["mean_ttft_ms"] + 5
 
@@ -99,7 +99,7 @@ def test_http_replay_command_line(one_torch_thread, tmp_path, scrape):
         )
         peak = scrape(srv.url)
     assert summary["completed"] == 6 and summary["total_output_tokens"] == 24 and summary["replay"] == "closed_loop"
-    assert peak["testbed:request_success_total"] == 6
+    assert peak["vllm:request_success_total"] == 6
     for name in ("summary.json", "requests.parquet", "trace_report.json", "config.yaml"):
         assert (tmp_path / "run" / name).exists(), name
     assert (tmp_path / "sweep.csv").exists()

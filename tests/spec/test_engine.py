@@ -224,7 +224,8 @@ def test_sampling_seeded_and_logprobs():
         for x, y in zip(a, b):
             assert x.outputs[0].token_ids == y.outputs[0].token_ids  # same seed, same tokens
             assert len(x.outputs[0].logprobs) == len(x.outputs[0].token_ids) == 16
-            assert all(lp <= 0 for lp in x.outputs[0].logprobs)
+            # vLLM's shape: per token {token id: Logprob}, the sampled token's own entry included
+            assert all(e[t].logprob <= 0 for t, e in zip(x.outputs[0].token_ids, x.outputs[0].logprobs))
 
 
 # ---- the output distribution is the target's ---------------------------------------------------

@@ -1,0 +1,62 @@
+"""What a request constrains its output to: vLLM's StructuredOutputsParams (vllm/sampling_params.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+class StructuredOutputError(ValueError):
+    """A constraint that cannot be used: malformed, unsupported or unsatisfiable (HTTP 400)."""
+
+    param = "structured_outputs"
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Exactly one constraint. `json`: a JSON schema (dict or its text); `json_object`: any JSON object
+    (OpenAI's response_format json_object); `regex`; `choice`: one of these strings; `grammar`: EBNF in
+    xgrammar's (GBNF-style) syntax. `disable_any_whitespace`: JSON without free whitespace (vLLM's flag)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self):
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        kinds += ["json_object"] if self.json_object else []
+        if len(kinds) != 1:
+            raise StructuredOutputError(
+                "structured outputs take exactly one of json, json_object, regex, choice, grammar; got "
+                + (", ".join(kinds) if kinds else "none")
+            )
+        if self.choice is not None:
+            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise StructuredOutputError("choice must be a non-empty list of non-empty strings")
+            self.choice = list(self.choice)
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except json.JSONDecodeError as e:
+                raise StructuredOutputError(f"the JSON schema is not valid JSON: {e}") from e
+        if self.json is not None and not isinstance(self.json, (dict, bool)):
+            raise StructuredOutputError(f"a JSON schema is an object, got {type(self.json).__name__}")
+
+    @property
+    def kind(self) -> str:
+        if self.json_object:
+            return "json_object"
+        return next(k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None)
+
+    def key(self) -> tuple:
+        """Hashable identity of the constraint (the compile cache's key)."""
+        if self.json is not None:
+            return ("json", json.dumps(self.json, sort_keys=True), self.disable_any_whitespace)
+        if self.choice is not None:
+            return ("choice", tuple(self.choice))
+        if self.json_object:
+            return ("json_object", self.disable_any_whitespace)
+        return (self.kind, getattr(self, self.kind))
