@@ -7,7 +7,8 @@ from testbed.validation import check_engine_config
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m"  # built-in name, conf/model shape name, or HF folder path
+    model: str = "smollm2-135m"
+    tokenizer: str | None = None  # another model's tokenizer (built-in name or HF folder); None: the model's  # built-in name, conf/model shape name, or HF folder path
     kernel: str = "torch"  # attention/layer kernels: torch | triton | cpu
     scheduler: str = "fcfs"  # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)

@@ -31,20 +31,24 @@ class ModelSpec:
         return ids
 
 
-def load_model_spec(name: str, max_model_len: int | None = None) -> ModelSpec:
+def load_model_spec(name: str, max_model_len: int | None = None, tokenizer: str | None = None) -> ModelSpec:
+    """tokenizer: take the tokenizer of this model name or folder instead (vLLM's --tokenizer)."""
     resolved = resolve_model(name)
     arch = ModelArch.from_hf_config(resolved.hf_config)
     if max_model_len is not None and max_model_len > arch.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={arch.max_position_embeddings}"
         )
-    tokenizer = None
-    if resolved.tokenizer_folder is not None:
+    folder = resolved.tokenizer_folder if tokenizer is None else resolve_model(tokenizer).tokenizer_folder
+    if tokenizer is not None and folder is None:
+        raise ValueError(f"tokenizer={tokenizer!r} names a model without a tokenizer")
+    tok = None
+    if folder is not None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_folder)
+        tok = AutoTokenizer.from_pretrained(folder)
     return ModelSpec(
-        resolved.name, arch, max_model_len or arch.max_position_embeddings, tokenizer, resolved.weights_folder
+        resolved.name, arch, max_model_len or arch.max_position_embeddings, tok, resolved.weights_folder
     )
 
 

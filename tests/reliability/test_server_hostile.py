@@ -23,9 +23,8 @@ LIMITS = {"max_body_bytes": 64 * 1024, "max_prompt_chars": 20_000, "header_timeo
 
 
 @pytest.fixture(scope="module")
-def server(one_torch_thread, tokenizer):
-    engine = Engine(EngineConfig(model=MODEL, num_blocks=256, max_num_seqs=16))
-    engine.tokenizer = tokenizer
+def server(one_torch_thread):
+    engine = Engine(EngineConfig(model=MODEL, tokenizer="smollm2-135m", num_blocks=256, max_num_seqs=16))
     with ServerThread(engine, **LIMITS) as srv:
         yield srv
 
