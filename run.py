@@ -16,15 +16,15 @@ CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from experiments.engine_config import engine_config_from_cfg
-    from testbed import Engine
+    from experiments.runner import build_engine
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # mode=null: replay when a trace is given (trace=azure ...), else the built-in offline prompt set
     mode = cfg.mode or ("replay" if cfg.get("trace") else "offline")
     if mode not in ("offline", "replay", "serve"):
         raise ValueError(f"unknown mode {cfg.mode!r}; one of offline, replay, serve")
-    engine = Engine(engine_config_from_cfg(cfg))
+    # the server's engine keeps the plain clock: a long-lived server would accumulate readings
+    engine = build_engine(cfg, record_clock=mode != "serve")
     if mode in ("offline", "replay"):
         try:
             if mode == "replay":

@@ -28,10 +28,20 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         enable_chunked_prefill=sched.enable_chunked_prefill,
         max_model_len=cfg.max_model_len,
         dtype=cfg.dtype,
-        device=cfg.device,
+        device=cfg.device.get("torch_device"),
         seed=cfg.seed,
         speculative_config=_spec_config(cfg),
+        executor=cfg.executor.name,
+        sim_config=_sim_config(cfg),
     )
+
+
+def _sim_config(cfg: DictConfig) -> dict | None:
+    if cfg.executor.name != "sim":
+        return None
+    sim = OmegaConf.to_container(cfg.executor, resolve=True)
+    sim.pop("name")
+    return sim
 
 
 def _spec_config(cfg: DictConfig) -> dict | None:

@@ -69,6 +69,7 @@ def write_run(
     steps: pd.DataFrame,
     summary: dict,
     trace_report: dict | None = None,
+    clock: pd.DataFrame | None = None,
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
@@ -80,6 +81,8 @@ def write_run(
     write_parquet(run_dir / "steps.parquet", steps)
     if trace_report is not None:
         write_json(run_dir / "trace_report.json", trace_report)
+    if clock is not None:  # every engine clock reading of a real run (replayed by executor.cost_model=replay_steps)
+        write_parquet(run_dir / "clock.parquet", clock)
     write_json(summary_path, summary)  # last: its presence marks a complete write
 
 

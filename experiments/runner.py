@@ -20,8 +20,10 @@ import math
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
@@ -38,6 +40,8 @@ from experiments.wandb_logger import WandbLogger
 SWEEP_COLUMNS = (
     "model.name",
     "kernel.name",
+    "executor.name",
+    "device.name",
     "scheduler.name",
     "scheduler.max_num_batched_tokens",
     "scheduler.max_num_seqs",
@@ -184,11 +188,16 @@ class _StopSignals:
 
 
 # ---- entry points ---------------------------------------------------------------------------------
-def build_engine(cfg):
+def build_engine(cfg, record_clock: bool = True):
+    """The engine of a run. A real run records every reading of its clock (clock.parquet), so that a
+    simulation of the same trace and config can replay it (executor=sim executor.cost_model=replay_steps)."""
     from experiments.engine_config import engine_config_from_cfg
     from testbed import Engine
+    from testbed.sim.clock import RecordingClock
 
-    return Engine(engine_config_from_cfg(cfg))
+    config = engine_config_from_cfg(cfg)
+    clock = RecordingClock() if record_clock and config.executor == "real" else None
+    return Engine(config, clock=clock)
 
 
 def trace_vocab_size(engine) -> int:
@@ -268,6 +277,7 @@ def replay_specs(
         temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
         max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
         on_finish=lambda _row: bar.update(1),
+        sleep=getattr(engine.clock, "sleep", time.sleep),  # a simulation's idle time is virtual
         source=source,
     )
     interrupted, error = False, None
@@ -308,6 +318,8 @@ def replay_specs(
             }
         )
         summary.update(spec_summary(engine))
+        summary.update(executor_summary(engine))
+        readings = getattr(engine.clock, "readings", None)  # a RecordingClock's (real runs)
         write_run(
             run_dir,
             config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)),
@@ -315,6 +327,7 @@ def replay_specs(
             steps=steps,
             summary=summary,
             trace_report=trace_report,
+            clock=None if readings is None else pd.DataFrame({"t": readings}),
         )
         table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
         info = {
@@ -333,6 +346,15 @@ def replay_specs(
     if interrupted or stops.hits:
         raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
     return summary
+
+
+def executor_summary(engine) -> dict:
+    """What ran the steps: `executor` real | null | sim, and for a simulation its cost model's identity
+    (device, profile, fit) and the simulated seconds, flattened as sim_* keys."""
+    out = {"executor": engine.config.executor}
+    if engine.config.executor == "sim":
+        out.update({f"sim_{k}": v for k, v in engine.executor.identity.items()})
+    return out
 
 
 def spec_summary(engine) -> dict:

@@ -7,8 +7,8 @@ from testbed.validation import check_engine_config
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m"
-    tokenizer: str | None = None  # another model's tokenizer (built-in name or HF folder); None: the model's  # built-in name, conf/model shape name, or HF folder path
+    model: str = "smollm2-135m"  # built-in name, conf/model shape name, or HF folder path
+    tokenizer: str | None = None  # another model's tokenizer (built-in name or HF folder); None: the model's
     kernel: str = "torch"  # attention/layer kernels: torch | triton | cpu
     scheduler: str = "fcfs"  # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)
@@ -33,7 +33,8 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs (decode graphs need CUDA and kernel=triton)
     cuda_graph_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,16,...,max_num_seqs
     cuda_graph_dry_run: bool = False  # the graph path (static buffers, padding) run eagerly, any device: tests
-    executor: str = "model"  # model | null (no model: host-side cost measurement)
+    executor: str = "real"  # real (the model) | null (no model: host-side cost) | sim (a cost model, virtual clock)
+    sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device, ...)
 
     def __post_init__(self):
         if not 1 <= self.block_size <= 1024:
@@ -48,8 +49,12 @@ class EngineConfig:
             raise ValueError(f"num_cpu_blocks must be >= 1, got {self.num_cpu_blocks}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
-        if self.executor not in ("model", "null"):
-            raise ValueError(f"executor must be 'model' or 'null', got {self.executor!r}")
+        if self.executor not in ("real", "null", "sim"):
+            raise ValueError(f"executor must be 'real', 'null' or 'sim', got {self.executor!r}")
+        if self.executor == "sim":
+            from testbed.sim.config import SimConfig
+
+            SimConfig.from_any(self.sim_config or {})  # validate early
         if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
             raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}")
         from testbed.spec.config import SpeculativeConfig

@@ -21,6 +21,7 @@ from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
+from testbed.sim.build import plan_simulation
 from testbed.validation import check_kv_cache_fits, check_request_types
 
 
@@ -40,11 +41,16 @@ class StepStats:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, clock=time.monotonic):
+    def __init__(self, config: EngineConfig, clock=None):
+        """clock: the engine's time source (default time.monotonic; a simulation brings its own)."""
         self.config = config
-        self.clock = clock
-        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
+        sim = plan_simulation(config, clock)  # None unless executor == "sim"
+        self.clock = sim.clock if sim else (clock or time.monotonic)
+        if sim:  # nothing runs on a device: the simulated one is the cost model's
+            self.device, self.dtype = torch.device("cpu"), sim.dtype
+        else:
+            self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
         self.backend = get_backend(config.kernel)
         bs = config.block_size
         if self.backend.requires_power_of_two_block_size and bs & (bs - 1):
@@ -57,11 +63,16 @@ class Engine:
             spec.max_model_len,
         )
         self.eos_token_ids = spec.eos_token_ids
-        num_blocks = config.num_blocks or num_blocks_from_memory(
-            self.arch, self.dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
-        )
-        # before the block pool is built: an absurd budget must fail now, not hang building it
-        check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.dtype, bs), self.device)
+        if sim:
+            num_blocks = config.num_blocks or sim.num_blocks(
+                self.arch, bs, config.gpu_memory_utilization, config.kv_cache_memory_gb
+            )
+        else:
+            num_blocks = config.num_blocks or num_blocks_from_memory(
+                self.arch, self.dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
+            )
+            # before the block pool is built: an absurd budget must fail now, not hang building it
+            check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.dtype, bs), self.device)
         self.kv = get_allocator(
             config.cache,
             num_blocks,
@@ -78,11 +89,11 @@ class Engine:
             config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len
         )
         policy = get_policy(config.scheduler, **config.scheduler_options)
-        self.scheduler = Scheduler(scheduler_config, self.kv, policy, clock, swap)
+        self.scheduler = Scheduler(scheduler_config, self.kv, policy, self.clock, swap)
         # validate() asks the sampler about vocabulary-dependent parameters, so the engine owns it
         self.sampler = Sampler(config.seed, self.device, self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
         self.executor, self.model, self.spec = build_executor(
-            config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler
+            config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler, sim
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
         self.step_count = 0

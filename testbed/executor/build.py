@@ -36,13 +36,20 @@ def build_executor(
     device: torch.device,
     dtype: torch.dtype,
     sampler: Sampler,
+    sim=None,
 ) -> ExecutorParts:
-    """num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool)."""
+    """num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool);
+    sim: the simulation plan (testbed.sim.build.SimPlan) when config.executor == "sim"."""
+    eos = set(spec.eos_token_ids)
+    token = next(t for t in range(len(eos) + 1) if t not in eos)  # never ends a request by itself
+    if config.executor == "sim":
+        from testbed.sim.build import build_sim_executor
+
+        executor, speculator = build_sim_executor(sim, spec, config.kernel, token, config.speculative_config)
+        return ExecutorParts(executor, None, speculator)
     width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS
     tables = BlockTables(width, config.max_num_seqs)
     if config.executor == "null":
-        eos = set(spec.eos_token_ids)
-        token = next(t for t in range(len(eos) + 1) if t not in eos)  # never ends a request by itself
         seqs = config.max_num_seqs
         buffers = InputBuffers(config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, "cpu", False)
         return ExecutorParts(NullExecutor(tables, buffers, token), None, None)

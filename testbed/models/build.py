@@ -47,9 +47,7 @@ def load_model_spec(name: str, max_model_len: int | None = None, tokenizer: str 
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(folder)
-    return ModelSpec(
-        resolved.name, arch, max_model_len or arch.max_position_embeddings, tok, resolved.weights_folder
-    )
+    return ModelSpec(resolved.name, arch, max_model_len or arch.max_position_embeddings, tok, resolved.weights_folder)
 
 
 def build_model(spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaForCausalLM:

@@ -1,0 +1,95 @@
+"""Assemble a simulation: its clock, device and dtype, its KV capacity, and the simulated executor."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from testbed.sim.clock import VirtualClock
+from testbed.sim.config import SimConfig
+from testbed.sim.executor import SimExecutor
+
+
+@dataclass
+class SimPlan:
+    config: SimConfig
+    clock: object  # VirtualClock, or the recorded run's ReplayClock
+    dtype: torch.dtype
+    recorded: object | None = None  # testbed.sim.recorded_run.RecordedRun (replay_steps)
+
+    def num_blocks(self, arch, block_size: int, gpu_memory_utilization: float, kv_cache_memory_gb: float) -> int:
+        """KV blocks of the simulated device: what its memory holds after the weights (roofline), the CPU
+        budget (profile), or exactly the recorded run's (replay_steps)."""
+        if self.recorded is not None and self.recorded.num_blocks:
+            return self.recorded.num_blocks
+        per_block = arch.kv_bytes_per_token(self.dtype.itemsize) * block_size
+        if self.config.cost_model == "roofline":
+            from testbed.sim.cost_models.roofline import RooflineCost
+            from testbed.sim.devices import load_device
+
+            device = load_device(self.config.device)
+            weights = RooflineCost(arch, self.dtype.itemsize, device).weight_bytes
+            budget = device.memory_gb * 2**30 * gpu_memory_utilization - weights
+            where = f"{device.name} ({device.memory_gb:g} GB, weights {weights / 2**30:.1f} GiB)"
+        else:
+            budget = kv_cache_memory_gb * 2**30
+            where = f"kv_cache_memory_gb={kv_cache_memory_gb}"
+        num_blocks = int(budget // per_block)
+        if num_blocks < 1:
+            raise ValueError(f"no KV block of {per_block} bytes fits on {where}")
+        return num_blocks
+
+
+def plan_simulation(engine_config, clock=None) -> SimPlan | None:
+    """None unless engine_config.executor == "sim". Checks the cost model's inputs exist before anything
+    is built (unknown device, missing profile or recorded run: a clear error now)."""
+    if engine_config.executor != "sim":
+        return None
+    sim = SimConfig.from_any(engine_config.sim_config or {})
+    recorded = None
+    dtype = engine_config.dtype
+    if sim.cost_model == "roofline":
+        from testbed.sim.devices import load_device
+
+        load_device(sim.device)
+        dtype = dtype or "bfloat16"
+    elif sim.cost_model == "profile":
+        path = Path(sim.profile)
+        if not path.exists():
+            raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibrate`)")
+        dtype = dtype or json.loads(path.read_text()).get("dtype", "float32")
+    else:
+        from testbed.sim.recorded_run import RecordedRun
+
+        recorded = RecordedRun(sim.run)
+        dtype = dtype or recorded.dtype
+    if clock is None:
+        clock = recorded.clock() if recorded is not None else VirtualClock()
+    return SimPlan(sim, clock, getattr(torch, dtype), recorded)
+
+
+def build_sim_executor(plan: SimPlan, spec, kernel: str, token_id: int, speculative_config):
+    """(executor, speculator): the cost model named by the plan, checked against the model, kernel, dtype."""
+    from testbed.sim.proposer import FixedDraftProposer
+    from testbed.spec import SpeculativeConfig, Speculator
+
+    sim = plan.config
+    if sim.cost_model == "roofline":
+        from testbed.sim.cost_models.roofline import RooflineCost
+        from testbed.sim.devices import load_device
+
+        cost_model = RooflineCost(spec.arch, plan.dtype.itemsize, load_device(sim.device))
+    elif sim.cost_model == "profile":
+        from testbed.sim.cost_models.profile import ProfileCost
+
+        cost_model = ProfileCost(sim.profile, spec.name, kernel, str(plan.dtype).removeprefix("torch."))
+    else:
+        cost_model = None  # the clock replays the recorded run's readings
+    spec_config = SpeculativeConfig.from_any(speculative_config)
+    speculator = None
+    if spec_config.enabled:
+        speculator = Speculator(spec_config, FixedDraftProposer(token_id), spec.max_model_len)
+    recorded = plan.recorded
+    executor = SimExecutor(cost_model, plan.clock, token_id, speculator, sim.spec_acceptance, sim.seed, recorded)
+    return executor, speculator

@@ -1,0 +1,41 @@
+"""Settings of the simulated executor (`EngineConfig(executor="sim", sim_config={...})`)."""
+
+from dataclasses import dataclass, fields
+
+COST_MODELS = ("roofline", "profile", "replay_steps")
+
+
+@dataclass
+class SimConfig:
+    cost_model: str = "roofline"  # roofline | profile | replay_steps
+    device: str | None = None  # roofline: conf/device/NAME.yaml with a spec sheet
+    profile: str | None = None  # profile: a profile JSON (experiments.calibrate writes them to results/profiles/)
+    run: str | None = None  # replay_steps: the folder of a recorded real run (clock.parquet, steps.parquet)
+    spec_acceptance: float = 0.7  # speculative decoding: each draft accepted with this probability
+    seed: int = 0  # draws of the acceptance model
+
+    def __post_init__(self):
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"sim cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
+        if self.cost_model == "roofline" and not self.device:
+            raise ValueError("the roofline cost model needs a device with a spec sheet (device=h100-sxm, ...)")
+        if self.cost_model == "profile" and not self.profile:
+            raise ValueError("the profile cost model needs a profile file (executor.profile=PATH)")
+        if self.cost_model == "replay_steps" and not self.run:
+            raise ValueError("the replay_steps cost model needs a recorded run folder (executor.run=DIR)")
+        if not 0 <= self.spec_acceptance <= 1:
+            raise ValueError(f"spec_acceptance must be in [0, 1], got {self.spec_acceptance}")
+
+    @classmethod
+    def from_any(cls, value) -> "SimConfig":
+        if value is None:
+            return cls.__new__(cls)  # unvalidated defaults: only read when executor == "sim"
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"sim_config must be a dict, got {type(value).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"unknown sim_config keys {unknown}; known: {sorted(names)}")
+        return cls(**{k: v for k, v in value.items() if v is not None})

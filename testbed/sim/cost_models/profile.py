@@ -1,0 +1,103 @@
+"""Step time fitted to measured steps of this engine (experiments.calibrate), in the spirit of Vidur's
+profiling-based prediction (Agrawal et al., MLSys 2024), but over whole steps of the real engine rather than
+per operator, so that host work (scheduling, input preparation, sampling, output handling) is priced too.
+
+    t = c_step + c_seq * seqs + max(c_weights, c_token * tokens) + c_logit * logits
+        + c_pair * prefill query-key pairs + c_ctx * decode KV tokens read
+
+The linear layers cost the slower of reading every weight once and computing the step's rows (a roofline
+with rates fitted to this machine); the knee c_weights / c_token is chosen by grid search, the rest by
+non-negative least squares on relative error. A profile names the device, model, kernel and dtype it was
+measured for, and refuses to price anything else.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from testbed.sim.shape import StepShape
+
+FEATURES = ("step", "seqs", "linear", "logits", "prefill_pairs", "decode_context")
+FORMAT = 1
+
+
+def feature_rows(shapes: list[StepShape], knee: float) -> np.ndarray:
+    return np.array(
+        [[1.0, s.num_seqs, max(knee, s.num_tokens), s.num_logits, s.prefill_pairs, s.decode_context] for s in shapes],
+        dtype=np.float64,
+    )
+
+
+def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
+    """Coefficients (seconds per unit of each feature) and the knee, minimising relative squared error."""
+    from scipy.optimize import nnls
+
+    t = np.asarray(seconds, dtype=np.float64)
+    tokens = np.array([s.num_tokens for s in shapes], dtype=np.float64)
+    best = None
+    for knee in np.unique(np.concatenate([[1.0], np.quantile(tokens, np.linspace(0, 0.95, 40))])):
+        x = feature_rows(shapes, knee) / t[:, None]
+        coef, _ = nnls(x, np.ones_like(t))
+        err = float(np.sum((x @ coef - 1.0) ** 2))
+        if best is None or err < best[0]:
+            best = (err, knee, coef)
+    _, knee, coef = best
+    pred = feature_rows(shapes, knee) @ coef
+    rel = np.abs(pred - t) / t
+    return {
+        "knee_tokens": float(knee),
+        "coefficients": dict(zip(FEATURES, map(float, coef))),
+        "fit": {
+            "samples": len(t),
+            "median_abs_rel_err": float(np.median(rel)),
+            "p90_abs_rel_err": float(np.quantile(rel, 0.9)),
+            "max_abs_rel_err": float(rel.max()),
+            "r2": float(1 - np.sum((pred - t) ** 2) / np.sum((t - t.mean()) ** 2)),
+        },
+    }
+
+
+class ProfileCost:
+    name = "profile"
+
+    def __init__(self, path: str | Path, model: str, kernel: str, dtype: str):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ValueError(f"no profile at {self.path} (make one with `python -m experiments.calibrate`)")
+        try:
+            self.profile = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{self.path}: not a profile (invalid JSON: {e})") from None
+        p = self.profile
+        if p.get("format") != FORMAT or "coefficients" not in p:
+            raise ValueError(f"{self.path}: not a testbed step-time profile of format {FORMAT}")
+        wanted = {"model": model, "kernel": kernel, "dtype": dtype}
+        wrong = {k: (p.get(k), v) for k, v in wanted.items() if p.get(k) != v}
+        if wrong:
+            what = ", ".join(f"{k} {rec!r} (this run: {run!r})" for k, (rec, run) in wrong.items())
+            raise ValueError(f"profile {self.path} was measured for another setup: {what}")
+        self.knee = float(p["knee_tokens"])
+        self.coef = np.array([p["coefficients"][f] for f in FEATURES], dtype=np.float64)
+
+    @property
+    def identity(self) -> dict:
+        p = self.profile
+        return {
+            "cost_model": self.name,
+            "profile": str(self.path),
+            "device": p.get("device"),
+            "profile_date": p.get("date"),
+            "profile_fit": p.get("fit"),
+        }
+
+    def step_time(self, s: StepShape) -> float:
+        c = self.coef
+        return float(
+            c[0]
+            + c[1] * s.num_seqs
+            + c[2] * max(self.knee, s.num_tokens)
+            + c[3] * s.num_logits
+            + c[4] * s.prefill_pairs
+            + c[5] * s.decode_context
+        )
