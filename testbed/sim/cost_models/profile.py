@@ -7,8 +7,8 @@ per operator, so that host work (scheduling, input preparation, sampling, output
 
 The linear layers cost the slower of reading every weight once and computing the step's rows (a roofline
 with rates fitted to this machine); the knee c_weights / c_token is chosen by grid search, the rest by
-non-negative least squares on relative error. A profile names the device, model, kernel and dtype it was
-measured for, and refuses to price anything else.
+non-negative least squares on relative error (iteratively reweighted by the prediction). A profile names
+the device, model, kernel and dtype it was measured for, and refuses to price anything else.
 """
 
 import json
@@ -29,17 +29,30 @@ def feature_rows(shapes: list[StepShape], knee: float) -> np.ndarray:
     )
 
 
-def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
-    """Coefficients (seconds per unit of each feature) and the knee, minimising relative squared error."""
+def _nnls_relative(x: np.ndarray, t: np.ndarray, rounds: int = 6) -> np.ndarray:
+    """Non-negative coefficients minimising sum(((x @ c - t) / (x @ c))^2): relative error measured against
+    the prediction, by iteratively reweighted NNLS. Dividing by the measured time instead would pull the
+    fit under every noisy (slow) step; this weighting is unbiased for multiplicative noise."""
     from scipy.optimize import nnls
 
+    scale = t
+    for _ in range(rounds):
+        coef, _ = nnls(x / scale[:, None], t / scale)
+        pred = x @ coef
+        scale = np.maximum(pred, 1e-3 * t.mean())
+    return coef
+
+
+def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
+    """Coefficients (seconds per unit of each feature) and the knee, minimising relative squared error."""
     t = np.asarray(seconds, dtype=np.float64)
     tokens = np.array([s.num_tokens for s in shapes], dtype=np.float64)
     best = None
     for knee in np.unique(np.concatenate([[1.0], np.quantile(tokens, np.linspace(0, 0.95, 40))])):
-        x = feature_rows(shapes, knee) / t[:, None]
-        coef, _ = nnls(x, np.ones_like(t))
-        err = float(np.sum((x @ coef - 1.0) ** 2))
+        x = feature_rows(shapes, knee)
+        coef = _nnls_relative(x, t)
+        pred = x @ coef
+        err = float(np.sum(((pred - t) / np.maximum(pred, 1e-12)) ** 2))
         if best is None or err < best[0]:
             best = (err, knee, coef)
     _, knee, coef = best
