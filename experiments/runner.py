@@ -373,9 +373,13 @@ def _relative(path: Path, base: Path) -> str:
 # ---- console --------------------------------------------------------------------------------------
 def print_summary(summary: dict, engine, run_dir: Path, console: Console | None = None) -> None:
     cfg = engine.config
+    if cfg.executor == "sim":  # a simulated figure says so, and what priced it
+        ran_on = f"SIMULATED: {summary.get('sim_cost_model')} {summary.get('sim_device') or ''}".rstrip()
+    else:
+        ran_on = f"kernel={cfg.kernel} | device={engine.device}"
     title = (
-        f"{engine.model_name} | kernel={cfg.kernel} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
-        f" | device={engine.device} | replay={summary.get('replay')}"
+        f"{engine.model_name} | {ran_on} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
+        f" | replay={summary.get('replay')}"
     )
     table = Table(title=title)
     table.add_column("metric")

@@ -112,8 +112,9 @@ class Engine:
                 f"request {request_id}: prompt of {n} tokens leaves no room to generate within "
                 f"max_model_len={self.max_model_len}"
             )
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.arch.vocab_size]
-        if bad:
+        vocab = self.arch.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops; the culprit only on failure
+            bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
             raise ValueError(
                 f"request {request_id}: token id {bad[0]} outside the vocabulary [0, {self.arch.vocab_size})"
             )

@@ -95,7 +95,7 @@ def check_request_types(prompt_token_ids, params, request_id) -> None:
             f"request {request_id}: prompt_token_ids must be a list of int token ids, got "
             f"{type(prompt_token_ids).__name__} (tokenize text first, or use LLM.generate)"
         )
-    if not all(type(t) is int for t in prompt_token_ids):  # fast path; numpy ints are fine too
+    if not set(map(type, prompt_token_ids)) <= {int}:  # fast path (C loops); numpy ints are fine too
         for i, t in enumerate(prompt_token_ids):
             if not is_int(t):
                 raise TypeError(
