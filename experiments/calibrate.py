@@ -141,7 +141,7 @@ def main(argv=None) -> Path:
         "kind": "testbed step-time profile",
         "device": f"cpu: {env['cpu']}" if engine.device.type == "cpu" else env["device"],
         "model": engine.model_name,
-        "kernel": engine.config.kernel,
+        "kernel": engine.kernel,
         "dtype": dtype,
         "block_size": engine.config.block_size,
         "max_num_batched_tokens": engine.config.max_num_batched_tokens,
@@ -155,7 +155,7 @@ def main(argv=None) -> Path:
             "seconds": seconds,
         },
     }
-    path = args.out / f"{profile_name(engine.model_name, engine.config.kernel, dtype)}.json"
+    path = args.out / f"{profile_name(engine.model_name, engine.kernel, dtype)}.json"
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(path, profile)
     f = result["fit"]

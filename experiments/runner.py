@@ -351,7 +351,7 @@ def replay_specs(
 def executor_summary(engine) -> dict:
     """What ran the steps: `executor` real | null | sim, and for a simulation its cost model's identity
     (device, profile, fit) and the simulated seconds, flattened as sim_* keys."""
-    out = {"executor": engine.config.executor}
+    out = {"executor": engine.config.executor, "kernel": engine.kernel}
     if engine.config.executor == "sim":
         out.update({f"sim_{k}": v for k, v in engine.executor.identity.items()})
     return out
@@ -376,7 +376,7 @@ def print_summary(summary: dict, engine, run_dir: Path, console: Console | None 
     if cfg.executor == "sim":  # a simulated figure says so, and what priced it
         ran_on = f"SIMULATED: {summary.get('sim_cost_model')} {summary.get('sim_device') or ''}".rstrip()
     else:
-        ran_on = f"kernel={cfg.kernel} | device={engine.device}"
+        ran_on = f"kernel={engine.kernel} | device={engine.device}"
     title = (
         f"{engine.model_name} | {ran_on} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
         f" | replay={summary.get('replay')}"

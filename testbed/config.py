@@ -9,7 +9,7 @@ from testbed.validation import check_engine_config
 class EngineConfig:
     model: str = "smollm2-135m"  # built-in name, conf/model shape name, or HF folder path
     tokenizer: str | None = None  # another model's tokenizer (built-in name or HF folder); None: the model's
-    kernel: str = "torch"  # attention/layer kernels: torch | triton | cpu
+    kernel: str = "auto"  # attention/layer kernels: auto | torch | triton | cpu (auto: fastest that works here)
     scheduler: str = "fcfs"  # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)
     cache: str = "paged"  # KV allocator (testbed.core.allocators): paged | static_max | static_pow2 | static_oracle

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from testbed.attention import get_backend
+from testbed.attention import get_backend, resolve_kernel
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
 from testbed.core.kv_cache_manager import KVCacheStats
@@ -51,10 +51,12 @@ class Engine:
         else:
             self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
             self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
-        self.backend = get_backend(config.kernel)
+        # the kernels that run (named in every summary); a simulation runs none (a profile names its own)
+        self.kernel = sim.kernel if sim else resolve_kernel(config.kernel, self.device)
+        self.backend = None if sim else get_backend(self.kernel)
         bs = config.block_size
-        if self.backend.requires_power_of_two_block_size and bs & (bs - 1):
-            raise ValueError(f"kernel={config.kernel} needs a power-of-two block_size, got {bs}")
+        if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
+            raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
         spec = load_model_spec(config.model, config.max_model_len, config.tokenizer)
         self.arch, self.tokenizer, self.model_name, self.max_model_len = (
             spec.arch,

@@ -14,7 +14,7 @@ class LLM:
     def __init__(
         self,
         model: str = "smollm2-135m",
-        kernel: str = "torch",
+        kernel: str = "auto",
         block_size: int = 16,
         num_blocks: int | None = None,
         enable_prefix_caching: bool = True,

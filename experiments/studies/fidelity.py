@@ -80,7 +80,7 @@ def run_pair(name: str, engine_overrides: list[str], workload: list[str], profil
     """(real summary, sim summary, real requests, sim requests, step residual rows) of one workload."""
     cfg = compose([*engine_overrides, *workload])
     engine = build_engine(cfg, record_clock=False)
-    cost = ProfileCost(profile, engine.model_name, engine.config.kernel, str(engine.dtype).removeprefix("torch."))
+    cost = ProfileCost(profile, engine.model_name, engine.kernel, str(engine.dtype).removeprefix("torch."))
     with StepShapes(engine) as shapes:
         real = run_trace(cfg, runs / name / "real", engine)
     periods = shapes.periods()

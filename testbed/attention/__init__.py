@@ -1,3 +1,3 @@
-from testbed.attention.backend import AttentionMetadata, KernelBackend, get_backend
+from testbed.attention.backend import AttentionMetadata, KernelBackend, get_backend, resolve_kernel
 
-__all__ = ["AttentionMetadata", "KernelBackend", "get_backend"]
+__all__ = ["AttentionMetadata", "KernelBackend", "get_backend", "resolve_kernel"]

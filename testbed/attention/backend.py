@@ -5,11 +5,15 @@ override what they accelerate, so a new backend is one small file plus one line 
 """
 
 import importlib
+import importlib.util
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from kernels import reference
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,6 +86,23 @@ _BACKENDS = {
     "triton": "testbed.attention.triton_backend:TritonBackend",
     "cpu": "testbed.attention.cpu_backend:CpuBackend",
 }
+
+
+def resolve_kernel(name: str, device) -> str:
+    """`auto` is the fastest backend that works on `device`: triton on CUDA; on a CPU the C++ kernels when
+    they build here (a C++ compiler is present; the build is cached), else the torch reference."""
+    if name != "auto":
+        return name
+    if torch.device(device).type == "cuda":
+        return "triton" if importlib.util.find_spec("triton") is not None else "torch"
+    try:
+        from kernels.cpu import load
+
+        load()  # compiles once (~20 s), then cached
+        return "cpu"
+    except (RuntimeError, ImportError, OSError) as e:
+        logger.warning("kernel=auto: the C++ CPU kernels are unavailable (%s); using the torch reference", e)
+        return "torch"
 
 
 def get_backend(name: str) -> KernelBackend:

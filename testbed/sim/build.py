@@ -16,6 +16,7 @@ class SimPlan:
     config: SimConfig
     clock: object  # VirtualClock, or the recorded run's ReplayClock
     dtype: torch.dtype
+    kernel: str  # the kernel a profile was measured with (auto resolves to it); else as configured
     recorded: object | None = None  # testbed.sim.recorded_run.RecordedRun (replay_steps)
 
     def num_blocks(self, arch, block_size: int, gpu_memory_utilization: float, kv_cache_memory_gb: float) -> int:
@@ -49,6 +50,7 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
     sim = SimConfig.from_any(engine_config.sim_config or {})
     recorded = None
     dtype = engine_config.dtype
+    kernel = engine_config.kernel
     if sim.cost_model == "roofline":
         from testbed.sim.devices import load_device
 
@@ -58,7 +60,9 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
         path = Path(sim.profile)
         if not path.exists():
             raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibrate`)")
-        dtype = dtype or json.loads(path.read_text()).get("dtype", "float32")
+        profile = json.loads(path.read_text())
+        dtype = dtype or profile.get("dtype", "float32")
+        kernel = profile.get("kernel", kernel) if kernel == "auto" else kernel
     else:
         from testbed.sim.recorded_run import RecordedRun
 
@@ -66,10 +70,10 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
         dtype = dtype or recorded.dtype
     if clock is None:
         clock = recorded.clock() if recorded is not None else VirtualClock()
-    return SimPlan(sim, clock, getattr(torch, dtype), recorded)
+    return SimPlan(sim, clock, getattr(torch, dtype), kernel, recorded)
 
 
-def build_sim_executor(plan: SimPlan, spec, kernel: str, token_id: int, speculative_config):
+def build_sim_executor(plan: SimPlan, spec, token_id: int, speculative_config):
     """(executor, speculator): the cost model named by the plan, checked against the model, kernel, dtype."""
     from testbed.sim.proposer import FixedDraftProposer
     from testbed.spec import SpeculativeConfig, Speculator
@@ -83,7 +87,7 @@ def build_sim_executor(plan: SimPlan, spec, kernel: str, token_id: int, speculat
     elif sim.cost_model == "profile":
         from testbed.sim.cost_models.profile import ProfileCost
 
-        cost_model = ProfileCost(sim.profile, spec.name, kernel, str(plan.dtype).removeprefix("torch."))
+        cost_model = ProfileCost(sim.profile, spec.name, plan.kernel, str(plan.dtype).removeprefix("torch."))
     else:
         cost_model = None  # the clock replays the recorded run's readings
     spec_config = SpeculativeConfig.from_any(speculative_config)

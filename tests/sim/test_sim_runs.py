@@ -55,6 +55,8 @@ def test_replay_steps_reproduces_a_real_run_exactly(tmp_path):
     ]
     real = run(tmp_path, "real", *common)
     assert (real / "clock.parquet").exists()
+    real_summary = json.loads((real / "summary.json").read_text())
+    assert real_summary["executor"] == "real" and real_summary["kernel"] in ("cpu", "torch")  # auto, resolved
     sim = run(tmp_path, "sim", *common, "executor=sim", "executor.cost_model=replay_steps", f"executor.run={real}")
     a = pd.read_parquet(real / "requests.parquet").set_index("request_id").sort_index()
     b = pd.read_parquet(sim / "requests.parquet").set_index("request_id").sort_index()
