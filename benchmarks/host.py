@@ -30,8 +30,11 @@ from benchmarks.common import (
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 
 
-def make_steady_engine(num_running: int, block_size: int = 16, seed: int = 0, prompt_range=(100, 1024)):
-    """An engine (tiny model, null executor) with num_running requests all past prefill, decoding."""
+def make_steady_engine(
+    num_running: int, block_size: int = 16, seed: int = 0, prompt_range=(100, 1024), **engine_options
+):
+    """An engine (tiny model, null executor) with num_running requests all past prefill, decoding;
+    engine_options: more EngineConfig fields (e.g. null_step_time_s, async_scheduling)."""
     from testbed import Engine, EngineConfig, SamplingParams
 
     rng = random.Random(seed)
@@ -48,6 +51,7 @@ def make_steady_engine(num_running: int, block_size: int = 16, seed: int = 0, pr
             max_num_batched_tokens=max(8192, num_running),
             max_model_len=8192,
             device="cpu",
+            **engine_options,
         )
     )
     params = SamplingParams(max_tokens=headroom, ignore_eos=True)

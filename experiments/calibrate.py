@@ -46,7 +46,7 @@ class StepShapes:
         execute = executor.execute
 
         def shaped(out):
-            self.shapes.append(StepShape.of(out.requests, out.num_new_tokens))
+            self.shapes.append(StepShape.of(out))
             return execute(out)
 
         executor.execute = shaped

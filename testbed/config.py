@@ -33,6 +33,8 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs (decode graphs need CUDA and kernel=triton)
     cuda_graph_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,16,...,max_num_seqs
     cuda_graph_dry_run: bool = False  # the graph path (static buffers, padding) run eagerly, any device: tests
+    async_scheduling: bool | None = None  # schedule step N+1 while step N runs; None: on CUDA (see Engine)
+    null_step_time_s: float = 0.0  # executor=null: hold the "device" this long per step (overlap benchmarks)
     executor: str = "real"  # real (the model) | null (no model: host-side cost) | sim (a cost model, virtual clock)
     sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device, ...)
 

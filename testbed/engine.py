@@ -15,6 +15,7 @@ from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from testbed.core.swap import SwapManager
 from testbed.executor.build import build_executor
 from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
+from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
@@ -98,6 +99,11 @@ class Engine:
             config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler, sim
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
+        self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config, sim) else None
+        self.inflight = None  # (start, SchedulerOutput, Future) of the step running on the pipeline
+        # requests whose next step must see their last token on the host (penalties, grammars, prompt
+        # logprobs): while one runs, a step is finished before the next is scheduled
+        self._needs_last_tokens: set[str] = set()
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
@@ -155,23 +161,44 @@ class Engine:
             self.eos_token_ids,
         )
         self.scheduler.add_request(request)
+        if self.pipeline is not None and (params.uses_processors or params.prompt_logprobs is not None):
+            self._needs_last_tokens.add(request_id)
         return request
 
+    def _async_scheduling(self, config: EngineConfig, sim) -> bool:
+        """Overlap by default on CUDA; never in a simulation (its clock is the cost model's) or with
+        speculative decoding (the next step's drafts need this step's tokens)."""
+        wanted = config.async_scheduling
+        if wanted is None:
+            return self.device.type == "cuda" and config.executor == "real" and self.spec is None
+        if wanted and (sim is not None or self.spec is not None):
+            what = "a simulation" if sim is not None else "speculative decoding"
+            raise ValueError(f"async_scheduling cannot overlap {what}: set async_scheduling=false")
+        return wanted
+
     def abort(self, request_id: str) -> RequestOutput | None:
+        self._needs_last_tokens.discard(request_id)
         request = self.scheduler.abort(request_id)
         return None if request is None else self.output_processor.final_output(request, [])
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.inflight is not None or self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step: schedule -> execute -> update -> outputs -> drafts. With async scheduling the next
+        step is scheduled and started before this one's tokens are read, and the outputs returned are
+        those of the step that finished (one behind)."""
+        if self.pipeline is not None:
+            return self._step_overlapped()
         start = self.clock()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self._check_not_stalled()
             return []
-        result = self.executor.execute(sched)
+        return self._finish_step(start, sched, self.executor.execute(sched))
+
+    def _finish_step(self, start: float, sched: SchedulerOutput, result) -> list[RequestOutput]:
         if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
             for request, entries in zip(sched.requests, result.prompt_logprobs):
                 if entries:
@@ -180,8 +207,30 @@ class Engine:
         outputs = self.output_processor.process(updates)
         if self.spec:
             self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
+        if self._needs_last_tokens:
+            self._needs_last_tokens.difference_update(o.request_id for o in outputs if o.finished)
         self._record_step(start, sched)
         return outputs
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        outputs = []
+        if self.inflight is not None and self._needs_last_tokens:
+            outputs = self._finish_inflight()  # some request's next step needs this step's token on the host
+        start = self.clock()
+        sched = self.scheduler.schedule()
+        future = self.pipeline.submit(sched) if not sched.is_empty else None
+        if self.inflight is not None:
+            outputs += self._finish_inflight()
+        elif future is None and not outputs:
+            self._check_not_stalled()
+        if future is not None:
+            self.inflight = (start, sched, future)
+        return outputs
+
+    def _finish_inflight(self) -> list[RequestOutput]:
+        start, sched, future = self.inflight
+        self.inflight = None
+        return self._finish_step(start, sched, future.result())
 
     def _check_not_stalled(self) -> None:
         scheduler = self.scheduler

@@ -57,7 +57,8 @@ class Request:
         # per prompt token: {token id: Logprob}, None for the first; filled as prefill chunks run
         self.prompt_logprobs: list | None = [None] if sampling_params.prompt_logprobs is not None else None
         self.status = RequestStatus.WAITING
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = 0  # tokens with KV, counting those of a step scheduled and not yet run
+        self.num_output_placeholders = 0  # tokens steps in flight will append (async scheduling: at most 1)
         self.num_cached_tokens = -1  # prefix-cache hit at first scheduling; -1 = not yet scheduled
         self.num_preemptions = 0
         self.block_hashes: list[int] = []  # chained hashes of full blocks, grown lazily

@@ -3,6 +3,11 @@
 Prefill chunks, decode, prefix hits, speculative verification (1 + k tokens) and preemption (recompute:
 back to 0; swap: KV parked in host memory, resumed where it stopped) are all "advance num_computed_tokens";
 a SchedulingPolicy only orders requests, picks victims and may shape the step's token budget.
+
+As in vLLM v1, num_computed_tokens advances when a step is scheduled, not when it has run, and a step
+that will sample counts an output placeholder until its token is appended. So the next step can be
+scheduled while this one runs (async scheduling): a decoding request's next position is known before its
+token is, and a request whose in-flight token is its last is not scheduled again.
 """
 
 import bisect
@@ -37,6 +42,10 @@ class SchedulerOutput:
 
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # aligned with requests
+    # aligned with requests, as they were before this step: tokens with KV, and tokens known (prompt +
+    # outputs, counting an output still being sampled by an earlier step in flight; drafts excluded)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    num_known_tokens: list[int] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
@@ -173,12 +182,20 @@ class Scheduler:
         return self.kv.get_computed_blocks(request)
 
     def _record(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        """Schedule num_new tokens of a request admitted from the waiting queue (see _schedule_running)."""
+        computed, known = request.num_computed_tokens, len(request.all_token_ids) + request.num_output_placeholders
         out.requests.append(request)
         out.num_new_tokens.append(num_new)
-        if request.num_computed_tokens >= request.num_tokens - 1:
+        out.num_computed_tokens.append(computed)
+        out.num_known_tokens.append(known)
+        if computed >= known - 1:
             out.num_decode_tokens += num_new
         else:
             out.num_prefill_tokens += num_new
+        request.num_computed_tokens = computed + num_new
+        self.running_computed_tokens += num_new
+        if computed + num_new >= known:  # it samples: one output placeholder until update()
+            request.num_output_placeholders += 1
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
         """Running requests in order, each its remaining tokens (1 when decoding, 1 + k with k drafts)
@@ -186,11 +203,16 @@ class Scheduler:
         the inlined _record; allocate_slots returns at once when the held blocks already have room."""
         running, allocate, token_budget = self.running, self.kv.allocate_slots, self._token_budget
         requests, num_new_tokens = out.requests, out.num_new_tokens
+        computed_before, known_before = out.num_computed_tokens, out.num_known_tokens
         num_prefill = num_decode = 0
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            computed, num_tokens = request.num_computed_tokens, len(request.all_token_ids)
+            computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
+            num_tokens = len(request.all_token_ids) + placeholders
+            if placeholders and num_tokens >= request.max_num_tokens:
+                i += 1  # the token in flight is its last
+                continue
             num_new = num_tokens + len(request.spec_token_ids) - computed
             num_new = min(num_new, budget if token_budget is None else token_budget(request, budget))
             if num_new <= 0:
@@ -200,14 +222,20 @@ class Scheduler:
                 continue  # the request itself was preempted: running[i] is the next one
             requests.append(request)
             num_new_tokens.append(num_new)
+            computed_before.append(computed)
+            known_before.append(num_tokens)
             if computed >= num_tokens - 1:
                 num_decode += num_new
             else:
                 num_prefill += num_new
+            request.num_computed_tokens = end = computed + num_new
+            if end >= num_tokens:  # it samples: one output placeholder until update()
+                request.num_output_placeholders = placeholders + 1
             budget -= num_new
             i += 1
         out.num_prefill_tokens += num_prefill
         out.num_decode_tokens += num_decode
+        self.running_computed_tokens += num_prefill + num_decode
         return budget
 
     def _make_room(self, out: SchedulerOutput, request: Request, num_new: int, i: int, now: float) -> bool:
@@ -260,19 +288,19 @@ class Scheduler:
     def update(
         self, out: SchedulerOutput, sampled: list[list[int] | None], logprobs: list[list[float] | None] | None = None
     ) -> list[tuple[Request, list[int]]]:
-        """Advance computed counts and append sampled tokens. Returns (request, new tokens) for every
-        request that produced tokens or finished this step."""
+        """Append the step's sampled tokens (its computed counts advanced when it was scheduled) and end the
+        requests they finish. Returns (request, new tokens) for every request that got tokens. A request
+        preempted while the step ran (async scheduling) still gets its token, as it would have had the
+        step finished first."""
         now = self.clock()
         updates = []
         finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
-        for idx, (request, num_new, tokens) in enumerate(zip(out.requests, out.num_new_tokens, sampled)):
-            if request.status.finished:  # aborted while the step ran
+        for idx, (request, tokens) in enumerate(zip(out.requests, sampled)):
+            if not tokens or request.status.finished:  # mid-prefill, or aborted while the step ran
                 continue
-            request.num_computed_tokens += num_new
-            computed_delta += num_new
-            if not tokens:
-                continue  # a prefill chunk that did not reach the end
+            request.num_output_placeholders -= 1
+            preempted = request.status is RequestStatus.PREEMPTED  # while in flight (async scheduling)
             if request.spec_token_ids:
                 computed_delta -= self._rewind_rejected(request, len(tokens))
             if len(tokens) == 1 and not logprobs:  # the common case, without the loop
@@ -284,8 +312,11 @@ class Scheduler:
             else:
                 new_tokens = self._append_tokens(request, tokens, logprobs[idx] if logprobs else None, now)
             if request.status.finished:
-                computed_delta -= request.num_computed_tokens
-                finished.append(request)
+                if preempted:  # it waits, not runs: its computed tokens are not counted among the running
+                    self.waiting.remove(request)
+                else:
+                    computed_delta -= request.num_computed_tokens
+                    finished.append(request)
                 self._release(request, now)
             updates.append((request, new_tokens))
         self.running_computed_tokens += computed_delta

@@ -3,6 +3,10 @@
 Implemented by the model runner (a real forward), the null executor (no model: host-side cost) and the
 simulated executor (a cost model on a virtual clock). The SchedulerOutput carries everything an executor
 needs (block-table changes, swap copies, finished ids); an executor never reads the scheduler's state.
+
+A step is two halves: `prepare` (host work from the SchedulerOutput: block tables, staged inputs) and
+`run` (the device work and sampling). `execute` is one after the other; with async scheduling the engine
+prepares step N+1 while step N runs (testbed/executor/overlap.py).
 """
 
 from dataclasses import dataclass
@@ -20,4 +24,23 @@ class ExecutorOutput:
 
 
 class Executor(Protocol):
+    def prepare(self, out: SchedulerOutput) -> object: ...
+
+    def run(self, prepared, last_tokens: dict[str, int]) -> ExecutorOutput:
+        """last_tokens: request id -> the token the previous step sampled (fills placeholder inputs)."""
+        ...
+
     def execute(self, out: SchedulerOutput) -> ExecutorOutput: ...
+
+
+class StepExecutor:
+    """execute = run(prepare(out)), with no step in flight."""
+
+    def prepare(self, out: SchedulerOutput) -> object:
+        raise NotImplementedError
+
+    def run(self, prepared, last_tokens: dict[str, int]) -> ExecutorOutput:
+        raise NotImplementedError
+
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        return self.run(self.prepare(out), {})

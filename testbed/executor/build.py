@@ -52,7 +52,7 @@ def build_executor(
     if config.executor == "null":
         seqs = config.max_num_seqs
         buffers = InputBuffers(config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, "cpu", False)
-        return ExecutorParts(NullExecutor(tables, buffers, token), None, None)
+        return ExecutorParts(NullExecutor(tables, buffers, token, config.null_step_time_s), None, None)
 
     model = build_model(spec, backend, dtype, device, config.seed)
     spec_config = SpeculativeConfig.from_any(config.speculative_config)

@@ -1,7 +1,8 @@
 """Host-side staging for a step's inputs: pinned buffers, static device buffers.
 
 `InputBuffers` owns, per input field, a host array the step is written into and a device tensor the
-model reads. On CUDA the host arrays are pinned (double-buffered, guarded by an event) and copied with
+model reads. Host arrays come in two sets used in turn (a step is staged while the one before may still
+read its set: async scheduling); on CUDA they are pinned (guarded by an event) and copied with
 `non_blocking=True`, so building inputs never waits for the GPU; the device tensors have fixed
 addresses, which is what CUDA graphs capture (testbed.executor.cuda_graphs). On CPU the host arrays
 are the model's inputs (no copy), unless `static=True` asks for the same fixed "device" tensors there
@@ -45,7 +46,7 @@ class InputBuffers:
     def _allocate(self, tokens: int, seqs: int, width: int) -> None:
         self.max_tokens, self.max_seqs, self.max_width = tokens, seqs, width
         sizes = {"tokens": tokens, "seqs": seqs, "seqs+1": seqs + 1}
-        num_sets = 2 if self.cuda else 1
+        num_sets = 2  # used in turn: a step is staged while the one before may still read (or copy) its set
 
         def host(size, dtype):
             t = torch.zeros(size, dtype=_TORCH[dtype], pin_memory=self.cuda)
@@ -74,13 +75,17 @@ class InputBuffers:
                 torch.cuda.current_stream(self.device).synchronize()
             self._allocate(max(tokens, self.max_tokens), max(seqs, self.max_seqs), max(width, self.max_width))
 
-    def host_arrays(self, tokens: int, seqs: int, width: int) -> dict[str, np.ndarray]:
-        """Writable host arrays for the next step (the pinned set's last copies have finished)."""
+    def next_set(self) -> int:
+        """The buffer set the next step is staged in (its last copies have finished)."""
         self._set = (self._set + 1) % len(self._host)
         event = self._events[self._set]
         if event is not None and not event.query():
             event.synchronize()  # copies issued two steps ago: done unless the GPU is far behind
-        return self._cached(("host", self._set, tokens, seqs, width), self._host_views, tokens, seqs, width)
+        return self._set
+
+    def host_arrays(self, index: int, tokens: int, seqs: int, width: int) -> dict[str, np.ndarray]:
+        """Writable host arrays of set `index` (from next_set)."""
+        return self._cached(("host", index, tokens, seqs, width), self._host_views, index, tokens, seqs, width)
 
     def _cached(self, key: tuple, make, *sizes) -> dict:
         """The slices of the buffers for these sizes, made once: slicing a tensor costs microseconds and
@@ -93,8 +98,8 @@ class InputBuffers:
             views = self._views[key] = make(*sizes)
         return views
 
-    def _host_views(self, tokens: int, seqs: int, width: int) -> dict[str, np.ndarray]:
-        bufs = self._host[self._set]
+    def _host_views(self, index: int, tokens: int, seqs: int, width: int) -> dict[str, np.ndarray]:
+        bufs = self._host[index]
         sizes = {"tokens": tokens, "seqs": seqs, "seqs+1": seqs + 1}
         out = {name: bufs[name][1][: sizes[kind]] for name, (_, kind) in FIELDS.items()}
         out["block_tables"] = bufs["block_tables"][1][: seqs * width].reshape(seqs, width)
@@ -106,9 +111,9 @@ class InputBuffers:
         lengths["logits_indices"] = num_logits
         return lengths
 
-    def _tensor_views(self, tokens: int, seqs: int, width: int, num_logits: int) -> dict[str, torch.Tensor]:
+    def _tensor_views(self, index: int, tokens: int, seqs: int, width: int, num_logits: int) -> dict:
         """Host tensors of these sizes (what the model reads when there are no static device buffers)."""
-        bufs = self._host[self._set]
+        bufs = self._host[index]
         out = {name: bufs[name][0][:n] for name, n in self._lengths(tokens, seqs, num_logits).items()}
         out["block_tables"] = bufs["block_tables"][0][: seqs * width].view(seqs, width)
         return out
@@ -118,10 +123,10 @@ class InputBuffers:
         out["block_tables"] = self.dev["block_tables"][:seqs, :width]
         return out
 
-    def to_device(self, tokens: int, seqs: int, width: int, num_logits: int) -> dict[str, torch.Tensor]:
-        """Device tensors holding what host_arrays() received (asynchronous copies on CUDA)."""
+    def to_device(self, index: int, tokens: int, seqs: int, width: int, num_logits: int) -> dict[str, torch.Tensor]:
+        """Device tensors holding what set `index`'s host arrays received (asynchronous copies on CUDA)."""
         sizes = (tokens, seqs, width, num_logits)
-        src = self._cached(("tensors", self._set) + sizes, self._tensor_views, *sizes)
+        src = self._cached(("tensors", index) + sizes, self._tensor_views, index, *sizes)
         if not self.static:
             return src
         out = self._cached(("device",) + sizes, self._device_views, *sizes)
@@ -129,7 +134,7 @@ class InputBuffers:
             dst.copy_(src[name], non_blocking=True)
         if not self.cuda:
             return out
-        event = self._events[self._set] or torch.cuda.Event()
+        event = self._events[index] or torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
-        self._events[self._set] = event
+        self._events[index] = event
         return out

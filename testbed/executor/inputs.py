@@ -26,38 +26,92 @@ class ModelInputs:
     num_logits: list[int]  # per scheduled request: how many of those rows (0 = mid-prefill)
 
 
-def prepare_inputs(
+@dataclass
+class StagedInputs:
+    """A step's inputs written to host buffer set `index`, not yet on the device. `placeholders` lists the
+    token rows whose token an earlier step, still in flight, is sampling: (row, request id); to_device
+    fills them with those tokens (async scheduling) before the copy."""
+
+    buffers: InputBuffers
+    index: int
+    sizes: tuple[int, int, int, int]  # token rows, sequence rows, block-table width, logits rows
+    num_seqs: int
+    padded: bool
+    placeholders: list[tuple[int, str]]
+    num_logits: list[int]
+    max_query_len: int
+    max_seq_len: int
+
+    def to_device(self, last_tokens: dict[str, int] | None = None) -> ModelInputs:
+        """last_tokens: request id -> the token the previous step sampled for it (placeholders only)."""
+        if self.placeholders:
+            ids = self.buffers.host_arrays(self.index, *self.sizes[:3])["input_ids"]
+            for row, request_id in self.placeholders:
+                ids[row] = last_tokens[request_id]
+        t = self.buffers.to_device(self.index, *self.sizes)
+        if self.padded:
+            n = self.num_seqs
+            t = {
+                name: (v if name == "logits_indices" else v[: n + 1] if name == "query_start_loc" else v[:n])
+                for name, v in t.items()
+            }
+        meta = AttentionMetadata(
+            slot_mapping=t["slot_mapping"],
+            query_start_loc=t["query_start_loc"],
+            seq_lens=t["seq_lens"],
+            block_tables=t["block_tables"],
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+        )
+        return ModelInputs(t["input_ids"], t["positions"], meta, t["logits_indices"], self.num_logits)
+
+
+def _token_ids(out: SchedulerOutput) -> tuple[list[int], list[tuple[int, str]], bool]:
+    """The step's input tokens in row order, the placeholder rows, and whether drafts ride along.
+
+    Position p of a request holds its known token p, else (p < its known count) the output a step in
+    flight is sampling (a placeholder, id 0 until filled), else a speculative draft."""
+    requests, num_new, starts, known = out.requests, out.num_new_tokens, out.num_computed_tokens, out.num_known_tokens
+    if sum(num_new) == len(requests):  # one token each, e.g. decode: no per-request branching
+        try:
+            return [r.all_token_ids[s] for r, s in zip(requests, starts)], [], False
+        except IndexError:  # a placeholder or a lone draft: the general path
+            pass
+    token_ids: list[int] = []
+    placeholders: list[tuple[int, str]] = []
+    drafted = False
+    for r, s, k, n_known in zip(requests, starts, num_new, known):
+        tokens = r.all_token_ids
+        token_ids += tokens[s : s + k]
+        if s + k > len(tokens):
+            for _ in range(max(s, len(tokens)), min(s + k, n_known)):
+                placeholders.append((len(token_ids), r.request_id))
+                token_ids.append(0)
+            if s + k > n_known:  # speculative drafts ride at the end
+                token_ids += r.spec_token_ids[: s + k - n_known]
+                drafted = True
+    return token_ids, placeholders, drafted
+
+
+def stage_inputs(
     out: SchedulerOutput, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
-) -> ModelInputs:
-    """Inputs for the scheduled requests (their rows in `tables` already updated from `out`).
+) -> StagedInputs:
+    """Write the scheduled requests' inputs to the next host buffer set (their rows in `tables` already
+    updated from `out`). Reads only what the SchedulerOutput recorded and the requests' known tokens, so it
+    may run while an earlier step still executes.
 
     pad_to: a decode batch (one token per request) is padded to this many rows for a captured CUDA
-    graph; padding rows write no KV (slot -1) and attend to nothing (length 0). The returned tensors
-    cover the real rows only.
+    graph; padding rows write no KV (slot -1) and attend to nothing (length 0). The tensors to_device
+    returns cover the real rows only.
     """
     requests, num_new = out.requests, out.num_new_tokens
     n = len(requests)
     request_ids = [r.request_id for r in requests]
-    starts = [r.num_computed_tokens for r in requests]
-    num_tokens = [len(r.all_token_ids) for r in requests]
-    drafted = False  # some request verifies speculative drafts this step
-    token_ids = None
-    if sum(num_new) == n:  # one token each, e.g. decode: no per-request branching
-        try:
-            token_ids = [r.all_token_ids[s] for r, s in zip(requests, starts)]
-        except IndexError:  # a lone draft token: take the general path
-            token_ids = None
-    if token_ids is None:
-        token_ids = []
-        for r, s, k, length in zip(requests, starts, num_new, num_tokens):
-            token_ids += r.all_token_ids[s : s + k]
-            if s + k > length:  # speculative drafts ride at the end
-                token_ids += r.spec_token_ids[: s + k - length]
-                drafted = True
+    token_ids, placeholders, drafted = _token_ids(out)
     total = len(token_ids)
     one_each = total == n and not drafted  # decode: token i is request i's, no repeats needed
 
-    start = np.array(starts, dtype=np.int64)
+    start = np.array(out.num_computed_tokens, dtype=np.int64)
     new = np.array(num_new, dtype=np.int64)
     end = start + new
     if one_each:
@@ -76,7 +130,7 @@ def prepare_inputs(
     slots = table[rows if one_each else np.repeat(rows, new), pages].astype(np.int64) * block_size
     slots += positions - pages * block_size
     # logits wherever a next token must be sampled or a draft verified
-    k = np.maximum(end - np.array(num_tokens, dtype=np.int64) + 1, 0)
+    k = np.maximum(end - np.array(out.num_known_tokens, dtype=np.int64) + 1, 0)
     num_logits = k.tolist()
     if one_each:  # k is 0 (mid-prefill) or 1: the rows with k = 1
         logits_indices = np.flatnonzero(k)
@@ -89,7 +143,8 @@ def prepare_inputs(
     num_rows_tokens = total if pad_to is None else pad_to
     assert pad_to is None or (total == n and pad_to >= n), "only decode batches are padded"
     buffers.ensure(num_rows_tokens, padded, width)
-    h = buffers.host_arrays(num_rows_tokens, padded, width)
+    index = buffers.next_set()
+    h = buffers.host_arrays(index, num_rows_tokens, padded, width)
     h["input_ids"][:total] = token_ids
     h["positions"][:total] = positions
     h["slot_mapping"][:total] = slots
@@ -104,18 +159,21 @@ def prepare_inputs(
         h["query_start_loc"][n + 1 :] = n
         h["seq_lens"][n:] = 0
         h["block_tables"][n:] = 0
-    t = buffers.to_device(num_rows_tokens, padded, width, num_k)
-    if padded > n:
-        t = {
-            name: (v if name == "logits_indices" else v[: n + 1] if name == "query_start_loc" else v[:n])
-            for name, v in t.items()
-        }
-    meta = AttentionMetadata(
-        slot_mapping=t["slot_mapping"],
-        query_start_loc=t["query_start_loc"],
-        seq_lens=t["seq_lens"],
-        block_tables=t["block_tables"],
-        max_query_len=max(num_new, default=0),
-        max_seq_len=max_seq_len,
+    return StagedInputs(
+        buffers,
+        index,
+        (num_rows_tokens, padded, width, num_k),
+        n,
+        padded > n,
+        placeholders,
+        num_logits,
+        max(num_new, default=0),
+        max_seq_len,
     )
-    return ModelInputs(t["input_ids"], t["positions"], meta, t["logits_indices"], num_logits)
+
+
+def prepare_inputs(
+    out: SchedulerOutput, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
+) -> ModelInputs:
+    """stage_inputs + to_device, for a step with no placeholder to fill."""
+    return stage_inputs(out, tables, buffers, pad_to).to_device()

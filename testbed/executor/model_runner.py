@@ -1,18 +1,26 @@
 """The real executor: runs one scheduled step of the model over its paged KV cache, and samples."""
 
+from typing import NamedTuple
+
 import torch
 
 from testbed.core.scheduler import SchedulerOutput
-from testbed.executor.base import ExecutorOutput
+from testbed.executor.base import ExecutorOutput, StepExecutor
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.host_buffers import InputBuffers
-from testbed.executor.inputs import ModelInputs, prepare_inputs
+from testbed.executor.inputs import ModelInputs, StagedInputs, stage_inputs
 from testbed.executor.kv_cache import KVBlockCopier
 from testbed.executor.prompt_logprobs import prompt_logprobs
 from testbed.executor.sampler import Sampler
 
 
-class ModelRunner:
+class PreparedStep(NamedTuple):
+    out: SchedulerOutput
+    staged: StagedInputs
+    pad_to: int | None  # the captured graph's batch size, or None (eager)
+
+
+class ModelRunner(StepExecutor):
     def __init__(
         self,
         model,
@@ -34,17 +42,21 @@ class ModelRunner:
         self.cuda_graphs = cuda_graphs  # testbed.executor.cuda_graphs.CudaGraphRunner: decode steps replay graphs
         self.last_inputs: ModelInputs | None = None
 
-    @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+    def prepare(self, out: SchedulerOutput) -> PreparedStep:
         self.tables.apply(out.finished_ids, out.block_updates)
+        graphs = self.cuda_graphs
+        pad_to = graphs.padded_size(out) if graphs is not None else None
+        return PreparedStep(out, stage_inputs(out, self.tables, self.input_buffers, pad_to), pad_to)
+
+    @torch.inference_mode()
+    def run(self, prepared: PreparedStep, last_tokens: dict[str, int]) -> ExecutorOutput:
+        out, pad_to = prepared.out, prepared.pad_to
         if out.kv_copies:
             assert self.copier is not None, "swap copies without a host pool"
             self.copier.run(out.kv_copies)
         self.sampler.forget(out.finished_ids)
-        graphs = self.cuda_graphs
-        pad_to = graphs.padded_size(out) if graphs is not None else None
-        inputs = self.last_inputs = prepare_inputs(out, self.tables, self.input_buffers, pad_to)
-        hidden = graphs.replay(pad_to, len(out.requests)) if pad_to is not None else None
+        inputs = self.last_inputs = prepared.staged.to_device(last_tokens)
+        hidden = self.cuda_graphs.replay(pad_to, len(out.requests)) if pad_to is not None else None
         if hidden is None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if self.spec is not None:

@@ -16,8 +16,8 @@ ROWS_PER_CHUNK = 256  # logits rows materialised at once ([rows, vocab] fp32: 50
 
 def prompt_logprobs(out, hidden: torch.Tensor, compute_logits) -> list[list[dict] | None] | None:
     """Per scheduled request, the entries for the prompt tokens this step scored (None where none).
-    out: the SchedulerOutput (requests still at their pre-step num_computed_tokens); hidden: [tokens, d]
-    in the same flat order. None when no request in the step asks for prompt logprobs."""
+    out: the SchedulerOutput (its num_computed_tokens: before the step); hidden: [tokens, d] in the same
+    flat order. None when no request in the step asks for prompt logprobs."""
     wanted = [i for i, r in enumerate(out.requests) if r.prompt_logprobs is not None]
     if not wanted:
         return None
@@ -27,7 +27,7 @@ def prompt_logprobs(out, hidden: torch.Tensor, compute_logits) -> list[list[dict
         total += n
     results: list[list[dict] | None] = [None] * len(out.requests)
     for i in wanted:
-        request, start, num_new = out.requests[i], out.requests[i].num_computed_tokens, out.num_new_tokens[i]
+        request, start, num_new = out.requests[i], out.num_computed_tokens[i], out.num_new_tokens[i]
         prompt, recorded = request.prompt_token_ids, len(request.prompt_logprobs)
         # positions q in this chunk whose next token is a prompt token not yet scored
         first, last = max(start, recorded - 1), min(start + num_new, len(prompt) - 1)

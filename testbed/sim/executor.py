@@ -15,11 +15,11 @@ time the cost model does not price (see each cost model).
 import random
 
 from testbed.core.scheduler import SchedulerOutput
-from testbed.executor.base import ExecutorOutput
+from testbed.executor.base import ExecutorOutput, StepExecutor
 from testbed.sim.shape import StepShape
 
 
-class SimExecutor:
+class SimExecutor(StepExecutor):
     def __init__(
         self,
         cost_model,
@@ -40,18 +40,23 @@ class SimExecutor:
         self.num_steps = 0
         self.simulated_seconds = 0.0
 
-    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+    def prepare(self, out: SchedulerOutput) -> SchedulerOutput:
+        return out
+
+    def run(self, out: SchedulerOutput, last_tokens: dict[str, int]) -> ExecutorOutput:
         if self.recorded is not None:
             self.recorded.check_step(self.num_steps, out)
         self.num_steps += 1
         if self.cost_model is not None:
-            dt = self.cost_model.step_time(StepShape.of(out.requests, out.num_new_tokens))
+            dt = self.cost_model.step_time(StepShape.of(out))
             self.clock.advance(dt)
             self.simulated_seconds += dt
         token = self.token_id
         sampled: list[list[int] | None] = []
-        for request, n in zip(out.requests, out.num_new_tokens):
-            num_logits = request.num_computed_tokens + n - request.num_tokens + 1
+        for request, n, computed, known in zip(
+            out.requests, out.num_new_tokens, out.num_computed_tokens, out.num_known_tokens
+        ):
+            num_logits = computed + n - known + 1
             if num_logits <= 0:
                 sampled.append(None)  # a prefill chunk short of the prompt's end
             elif num_logits == 1:

@@ -22,16 +22,12 @@ class StepShape:
     decode_context: int  # sum over decode rows of the context each attends to (KV tokens read)
 
     @classmethod
-    def of(cls, requests, num_new_tokens, computed_before=None) -> "StepShape":
-        """computed_before: each request's num_computed_tokens before the step (default: its current
-        value, right for a SchedulerOutput that has not been executed yet)."""
-        if computed_before is None:
-            computed_before = [r.num_computed_tokens for r in requests]
+    def of(cls, out) -> "StepShape":
+        """The shape of a SchedulerOutput (from what it recorded of each request before the step)."""
         num_logits = prefill_seqs = prefill_tokens = prefill_context = 0
         decode_seqs = decode_tokens = decode_context = 0
         prefill_pairs = 0.0
-        for r, n, c in zip(requests, num_new_tokens, computed_before):
-            known = r.num_tokens
+        for n, c, known in zip(out.num_new_tokens, out.num_computed_tokens, out.num_known_tokens):
             end = c + n
             if c >= known - 1:  # decode: the last sampled token (+ drafts)
                 decode_seqs += 1
@@ -45,7 +41,7 @@ class StepShape:
                 prefill_context += end
                 num_logits += max(0, end - known + 1)
         return cls(
-            len(requests),
+            len(out.requests),
             prefill_tokens + decode_tokens,
             num_logits,
             prefill_seqs,

@@ -21,12 +21,13 @@ def run_checked(llm, prompts, params):
         assert len(out.requests) <= cfg.max_num_seqs
         assert len(sched.running) <= cfg.max_num_seqs
         assert len({r.request_id for r in out.requests}) == len(out.requests), "a request scheduled twice"
-        for req, n in zip(out.requests, out.num_new_tokens):
+        for req, n, before in zip(out.requests, out.num_new_tokens, out.num_computed_tokens):
             assert n >= 1
             assert req.status is RequestStatus.RUNNING
-            assert req.num_computed_tokens + n <= req.num_tokens_with_spec
+            assert req.num_computed_tokens == before + n  # advanced when scheduled
+            assert before + n <= req.num_tokens_with_spec
             held = len(engine.kv.req_blocks[req.request_id]) * engine.kv.block_size
-            assert held >= req.num_computed_tokens + n, "scheduled tokens without KV slots"
+            assert held >= before + n, "scheduled tokens without KV slots"
         for req in out.preempted:
             assert req.status is RequestStatus.PREEMPTED and req.num_computed_tokens == 0
             assert req.request_id not in engine.kv.req_blocks

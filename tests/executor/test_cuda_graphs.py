@@ -48,14 +48,15 @@ def test_padded_batch_size():
 
 # ---- block tables kept from the SchedulerOutputs == the allocator's lists ------------------------------
 def _check_against_allocator(monkeypatch, engine):
-    """Wrap prepare_inputs: every step's block tables and slots must be what the allocator's block lists
+    """Wrap stage_inputs: every step's block tables and slots must be what the allocator's block lists
     give (the executor only ever sees the changes pushed in SchedulerOutputs)."""
-    original = model_runner_module.prepare_inputs
+    original = model_runner_module.stage_inputs
     steps = []
     block_size = engine.config.block_size
 
     def checked(out, tables, buffers, pad_to=None):
-        fast = original(out, tables, buffers, pad_to)
+        staged = original(out, tables, buffers, pad_to)
+        fast = staged.to_device()
         positions = fast.positions.cpu().tolist()
         starts = fast.meta.query_start_loc.cpu().tolist()
         for i, (request, n) in enumerate(zip(out.requests, fast.meta.seq_lens.tolist())):
@@ -66,9 +67,9 @@ def _check_against_allocator(monkeypatch, engine):
                 pos = positions[row]
                 assert fast.meta.slot_mapping[row] == ids[pos // block_size] * block_size + pos % block_size
         steps.append(1)
-        return fast
+        return staged
 
-    monkeypatch.setattr(model_runner_module, "prepare_inputs", checked)
+    monkeypatch.setattr(model_runner_module, "stage_inputs", checked)
     return steps
 
 

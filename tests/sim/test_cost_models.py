@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from testbed.core.scheduler import SchedulerOutput
 from testbed.models.build import load_model_spec
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
@@ -29,7 +30,14 @@ def test_step_shape_counts_prefill_pairs_and_decode_context():
     last_chunk = request(30, 20)  # positions 20..29, reaches the prompt's end: one logits row
     decode = request(50, 52, outputs=3)  # 53 tokens known, 52 computed: attends to 53
     verify = request(10, 11, outputs=2, drafts=3)  # 12 known, 11 computed, 1 + 3 rows: 12 + 13 + 14 + 15
-    shape = StepShape.of([chunk, last_chunk, decode, verify], [20, 10, 1, 4])
+    requests = [chunk, last_chunk, decode, verify]
+    out = SchedulerOutput(
+        requests,
+        [20, 10, 1, 4],
+        num_computed_tokens=[r.num_computed_tokens for r in requests],
+        num_known_tokens=[r.num_tokens for r in requests],
+    )
+    shape = StepShape.of(out)
     assert shape.num_seqs == 4 and shape.num_tokens == 35
     assert (shape.prefill_seqs, shape.prefill_tokens) == (2, 30)
     assert shape.prefill_pairs == sum(range(41, 61)) + sum(range(21, 31))

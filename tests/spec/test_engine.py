@@ -50,8 +50,8 @@ class AccountingCheck:
 
         def spy():
             out = schedule()
-            for r, n in zip(out.requests, out.num_new_tokens):
-                scheduled = r.num_computed_tokens + n - r.num_tokens
+            for r, n, before in zip(out.requests, out.num_new_tokens, out.num_computed_tokens):
+                scheduled = before + n - r.num_tokens  # drafts scheduled
                 if r.spec_token_ids and scheduled < len(r.spec_token_ids):
                     self.partial_drafts += 1
             return out

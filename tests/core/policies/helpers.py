@@ -68,8 +68,9 @@ class Sim:
         decodes = [r for r in self.sched.running if r.num_computed_tokens >= r.num_tokens - 1]
         out = self.sched.schedule()
         self.copies.extend(out.kv_copies)
-        sampled = [
-            [7] if r.num_computed_tokens + n >= r.num_tokens else None for r, n in zip(out.requests, out.num_new_tokens)
+        sampled = [  # a step reaching a request's known tokens samples one
+            [7] if c + n >= known else None
+            for c, n, known in zip(out.num_computed_tokens, out.num_new_tokens, out.num_known_tokens)
         ]
         self.steps.append(
             {
