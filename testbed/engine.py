@@ -1,6 +1,7 @@
 """The engine: add requests, step (schedule -> execute -> update -> outputs -> drafts), abort.
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -13,15 +14,19 @@ from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from testbed.core.swap import SwapManager
+from testbed.executor.base import ExecutorOutput
 from testbed.executor.build import build_executor
 from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
 from testbed.executor.sampler import Sampler
+from testbed.isolation import error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
-from testbed.request import Request
+from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.validation import check_kv_cache_fits, check_request_types
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -157,17 +162,45 @@ class Engine:
         if sched.is_empty:
             self._check_not_stalled()
             return []
-        result = self.executor.execute(sched)
+        result = self._execute(sched)
         if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
             for request, entries in zip(sched.requests, result.prompt_logprobs):
                 if entries:
                     request.prompt_logprobs.extend(entries)
-        updates = self.scheduler.update(sched, result.sampled, result.logprobs)
+        updates = self.scheduler.update(sched, result.sampled, result.logprobs, result.errors)
         outputs = self.output_processor.process(updates)
         if self.spec:
-            self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
+            failed = self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
+            if failed:
+                self._fail_after_outputs(outputs, failed)
         self._record_step(start, sched)
         return outputs
+
+    def _execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        """The executor's output. A failure no request is to blame for (input preparation, the forward)
+        fails every request of the step, and those swapped out by it (their KV copy was part of it); the
+        engine stays usable. Failures that belong to some requests come back in ExecutorOutput.errors."""
+        try:
+            return self.executor.execute(sched)
+        except Exception as e:
+            logger.exception("engine step %d failed: failing its %d requests", self.step_count + 1, len(sched.requests))
+            message = error_message("the engine step", e)
+            swap = self.scheduler.swap
+            failed = sched.requests + [r for r in sched.preempted if swap is not None and swap.holds(r)]
+            return ExecutorOutput([None] * len(sched.requests), errors={r.request_id: message for r in failed})
+
+    def _fail_after_outputs(self, outputs: list[RequestOutput], failed: list[tuple[Request, str]]) -> None:
+        """End requests whose work after the update failed (a speculative proposal): the output each got
+        this step becomes its finished one."""
+        position = {out.request_id: k for k, out in enumerate(outputs)}
+        for request, message in failed:
+            self.scheduler.finish_with_status(request, RequestStatus.FINISHED_ERROR, message)
+            k = position.get(request.request_id)
+            final = self.output_processor.final_output(request, outputs[k].new_token_ids if k is not None else [])
+            if k is None:
+                outputs.append(final)
+            else:
+                outputs[k] = final
 
     def _check_not_stalled(self) -> None:
         scheduler = self.scheduler

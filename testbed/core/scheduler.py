@@ -6,6 +6,7 @@ a SchedulingPolicy only orders requests, picks victims and may shape the step's 
 """
 
 import bisect
+import logging
 from dataclasses import dataclass, field
 
 from testbed.core.allocators.base import KVAllocator
@@ -13,6 +14,8 @@ from testbed.core.policies import SchedulingPolicy
 from testbed.core.swap import KVCopy, SwapManager
 from testbed.request import Request, RequestStatus
 from testbed.stopping import check_token_stop
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -258,12 +261,17 @@ class Scheduler:
 
     # ---- after the model ran ------------------------------------------------------------------
     def update(
-        self, out: SchedulerOutput, sampled: list[list[int] | None], logprobs: list[list[float] | None] | None = None
+        self,
+        out: SchedulerOutput,
+        sampled: list[list[int] | None],
+        logprobs: list[list[float] | None] | None = None,
+        errors: dict[str, str] | None = None,
     ) -> list[tuple[Request, list[int]]]:
         """Advance computed counts and append sampled tokens. Returns (request, new tokens) for every
-        request that produced tokens or finished this step."""
+        request that produced tokens or finished this step. `errors` (request id -> message): requests
+        the executor could not serve, finished with FINISHED_ERROR before anything of the step counts."""
         now = self.clock()
-        updates = []
+        updates = self._finish_failed(errors) if errors else []
         finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
         for idx, (request, num_new, tokens) in enumerate(zip(out.requests, out.num_new_tokens, sampled)):
@@ -334,8 +342,24 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
         self._finished_ids.append(request.request_id)
 
-    def finish_with_status(self, request: Request, status: RequestStatus) -> None:
-        """End a request from outside the step (abort, stop string)."""
+    def _finish_failed(self, errors: dict[str, str]) -> list[tuple[Request, list[int]]]:
+        """End the requests a step failed for, freed like any finished request. Their blocks from the
+        first one this step wrote on leave the prefix cache: a failed step may not have written that KV."""
+        failed = []
+        for request_id, message in errors.items():
+            request = self.requests.get(request_id)
+            if request is None or request.status.finished:
+                continue  # aborted while the step ran
+            self.kv.uncache_from(request, request.num_computed_tokens)
+            self.finish_with_status(request, RequestStatus.FINISHED_ERROR, message)
+            failed.append((request, []))
+        return failed
+
+    def finish_with_status(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+        """End a request from outside the step (abort, stop string, a failure: `error` says what failed)."""
+        if error is not None:
+            request.error = error
+            logger.warning("request %s failed: %s", request.request_id, error)
         request.status = status
         if request in self.waiting:
             self.waiting.remove(request)

@@ -3,6 +3,10 @@
 Implemented by the model runner (a real forward), the null executor (no model: host-side cost) and the
 simulated executor (a cost model on a virtual clock). The SchedulerOutput carries everything an executor
 needs (block-table changes, swap copies, finished ids); an executor never reads the scheduler's state.
+
+A failure that belongs to some requests (their sampling, prompt logprobs, verification) is reported in
+`errors`, and the rest of the step is served; an executor raises only for what no request is to blame
+for (input preparation, the forward), and the engine then fails every request of the step.
 """
 
 from dataclasses import dataclass
@@ -17,6 +21,9 @@ class ExecutorOutput:
     logprobs: list[list[dict] | None] | None = None  # per scheduled request: per new token {token id: Logprob}
     # per scheduled request: {token id: Logprob} of the prompt tokens this step scored (prompt_logprobs)
     prompt_logprobs: list[list[dict] | None] | None = None
+    # request id -> why it could not be served this step (testbed.isolation): the scheduler finishes it with
+    # RequestStatus.FINISHED_ERROR; its entries in the lists above mean nothing
+    errors: dict[str, str] | None = None
 
 
 class Executor(Protocol):
