@@ -345,7 +345,7 @@ class Scheduler:
     def _finish_failed(self, errors: dict[str, str]) -> list[tuple[Request, list[int]]]:
         """End the requests a step failed for, freed like any finished request. Their blocks from the
         first one this step wrote on leave the prefix cache: a failed step may not have written that KV."""
-        failed = []
+        failed: list[tuple[Request, list[int]]] = []
         for request_id, message in errors.items():
             request = self.requests.get(request_id)
             if request is None or request.status.finished:

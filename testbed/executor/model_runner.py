@@ -88,15 +88,15 @@ class ModelRunner:
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, errors: dict[str, str]):
         compute = self.model.compute_logits
+
+        def one(i: int):
+            entries = prompt_logprobs(out, hidden, compute, [i])
+            return entries[i] if entries is not None else None
+
         try:
             return prompt_logprobs(out, hidden, compute)
         except Exception as e:
-            alone, failed = find_culprits(
-                lambda i: prompt_logprobs(out, hidden, compute, [i])[i],
-                wanting_prompt_logprobs(out),
-                e,
-                "prompt logprobs",
-            )
+            alone, failed = find_culprits(one, wanting_prompt_logprobs(out), e, "prompt logprobs")
         errors.update((out.requests[i].request_id, message) for i, message in failed.items())
         return [alone.get(i) for i in range(len(out.requests))]
 
