@@ -22,14 +22,8 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 
 
 def make_llm(speculative: bool = False, **kwargs) -> LLM:
-    return LLM(
-        model="tiny",
-        tokenizer="smollm2-135m",
-        num_blocks=512,
-        max_num_seqs=32,
-        speculative_config=NGRAM if speculative else None,
-        **kwargs,
-    )
+    defaults = {"model": "tiny", "tokenizer": "smollm2-135m", "num_blocks": 512, "max_num_seqs": 32}
+    return LLM(**defaults | kwargs, speculative_config=NGRAM if speculative else None)
 
 
 def tokens(outputs) -> list[list[int]]:
@@ -126,6 +120,64 @@ def test_forward_failure_fails_its_step_only(reference, monkeypatch):
 
     assert tokens(llm.generate(prompts, params)) == expected
     assert_clean(llm, [outputs[i].request_id for i in failed])
+
+
+def test_failed_swap_out_fails_the_requests_it_swapped(reference, monkeypatch):
+    """The step whose swap-out copy fails fails its requests and the ones it swapped out (their host copy
+    is not to be trusted); the others complete with the right tokens and every device and host block is
+    free after."""
+    # 4 running requests of up to 5 blocks each in 14 blocks: preemption; 8 more wait their turn
+    llm = make_llm(num_blocks=14, max_num_seqs=4, preemption_mode="swap", num_cpu_blocks=64)
+    prompts = [[400 + i] * 40 for i in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = [tokens(reference.generate(p, params))[0] for p in prompts]
+    copier = llm.engine.executor.copier
+    run = copier.run
+    swapped_out = []
+
+    def failing_swap_out(copies):
+        if any(to_host for _, _, to_host in copies) and not swapped_out:
+            swapped_out.extend(r for r in llm.engine.scheduler.waiting if llm.engine.scheduler.swap.holds(r))
+            raise RuntimeError("injected copy failure")
+        return run(copies)
+
+    monkeypatch.setattr(copier, "run", failing_swap_out)
+    outputs = llm.generate(prompts, params)
+    assert swapped_out, "no swap-out happened: the test needs memory pressure"
+    failed = {o.request_id for o in outputs if o.outputs[0].finish_reason == "error"}
+    assert {r.request_id for r in swapped_out} <= failed
+    for out, want in zip(outputs, expected):
+        if out.request_id in failed:
+            assert out.error == "the engine step failed: RuntimeError: injected copy failure"
+        else:
+            assert out.outputs[0].token_ids == want
+    assert len(failed) < len(prompts)
+    llm.generate(prompts[:1], params)  # one more step delivers the finished ids
+    assert llm.engine.scheduler.swap.num_free == 64
+    assert_clean(llm, sorted(failed))
+
+
+def test_llm_stays_usable_when_a_step_raises(monkeypatch):
+    """A failure outside every request's work (here in the scheduler's update) propagates from generate,
+    and the LLM aborts what it had in flight: the next generate runs on an empty engine."""
+    llm = make_llm()
+    update = llm.engine.scheduler.update
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == 2:
+            raise RuntimeError("injected update failure")
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine.scheduler, "update", failing_once)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with pytest.raises(RuntimeError, match="injected update failure"):
+        llm.generate(healthy_prompts(4), params)
+    assert not llm.engine.has_unfinished()
+    outputs = llm.generate(healthy_prompts(4), params)
+    assert [o.outputs[0].finish_reason for o in outputs] == ["length"] * 4
+    assert_clean(llm, [])
 
 
 def test_batch_failure_no_request_causes_alone_fails_the_step(monkeypatch):
