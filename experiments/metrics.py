@@ -11,7 +11,7 @@ Run:
     request_throughput = completed / duration, output_throughput = output tokens / duration,
     total_token_throughput = (input + output tokens) / duration
     request_goodput = requests meeting every SLO / duration (vLLM's --goodput), if any SLO is set
-Latency statistics are over completed requests only (aborted ones are counted, not timed): mean, median,
+Latency statistics are over completed requests only (aborted and failed ones are counted, not timed): mean, median,
 std and the configured percentiles (numpy's linear interpolation, as vLLM uses), in milliseconds.
 
 Cache (from the steps table, time-averaged: each step weighted by its duration):
@@ -92,7 +92,7 @@ def _stats(name: str, values_ms, percentiles) -> dict:
 
 
 def completed_mask(requests: pd.DataFrame) -> pd.Series:
-    return requests["finish_time"].notna() & (requests["finish_reason"] != "abort")
+    return requests["finish_time"].notna() & ~requests["finish_reason"].isin(("abort", "error"))
 
 
 def request_summary(

@@ -1,6 +1,7 @@
 """The engine: add requests, step (schedule -> execute -> update -> outputs -> drafts), abort.
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -13,17 +14,21 @@ from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from testbed.core.swap import SwapManager
+from testbed.executor.base import ExecutorOutput
 from testbed.executor.build import build_executor
 from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
 from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
+from testbed.isolation import error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
-from testbed.request import Request
+from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.sim.build import plan_simulation
 from testbed.validation import check_kv_cache_fits, check_request_types
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -196,17 +201,19 @@ class Engine:
         if sched.is_empty:
             self._check_not_stalled()
             return []
-        return self._finish_step(start, sched, self.executor.execute(sched))
+        return self._finish_step(start, sched, self._guarded(sched, self.executor.execute, sched))
 
-    def _finish_step(self, start: float, sched: SchedulerOutput, result) -> list[RequestOutput]:
+    def _finish_step(self, start: float, sched: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:
         if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
             for request, entries in zip(sched.requests, result.prompt_logprobs):
                 if entries:
                     request.prompt_logprobs.extend(entries)
-        updates = self.scheduler.update(sched, result.sampled, result.logprobs)
+        updates = self.scheduler.update(sched, result.sampled, result.logprobs, result.errors)
         outputs = self.output_processor.process(updates)
         if self.spec:
-            self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
+            failed = self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
+            if failed:
+                self._fail_after_outputs(outputs, failed)
         if self._needs_last_tokens:
             self._needs_last_tokens.difference_update(o.request_id for o in outputs if o.finished)
         self._record_step(start, sched)
@@ -218,19 +225,48 @@ class Engine:
             outputs = self._finish_inflight()  # some request's next step needs this step's token on the host
         start = self.clock()
         sched = self.scheduler.schedule()
-        future = self.pipeline.submit(sched) if not sched.is_empty else None
+        future = self._guarded(sched, self.pipeline.submit, sched) if not sched.is_empty else None
         if self.inflight is not None:
             outputs += self._finish_inflight()
         elif future is None and not outputs:
             self._check_not_stalled()
-        if future is not None:
+        if isinstance(future, ExecutorOutput):  # preparing it failed: finish it now, failed
+            outputs += self._finish_step(start, sched, future)
+        elif future is not None:
             self.inflight = (start, sched, future)
         return outputs
 
     def _finish_inflight(self) -> list[RequestOutput]:
         start, sched, future = self.inflight
         self.inflight = None
-        return self._finish_step(start, sched, future.result())
+        return self._finish_step(start, sched, self._guarded(sched, future.result))
+
+    def _guarded(self, sched: SchedulerOutput, call, *args):
+        """call(*args): the executor's output (or a future of it). A failure no request is to blame for
+        (input preparation, the forward) fails every request of the step, and those swapped out by it
+        (their KV copy was part of it); the engine stays usable. Failures that belong to some requests
+        come back in ExecutorOutput.errors."""
+        try:
+            return call(*args)
+        except Exception as e:
+            logger.exception("engine step %d failed: failing its %d requests", self.step_count + 1, len(sched.requests))
+            message = error_message("the engine step", e)
+            swap = self.scheduler.swap
+            failed = sched.requests + [r for r in sched.preempted if swap is not None and swap.holds(r)]
+            return ExecutorOutput([None] * len(sched.requests), errors={r.request_id: message for r in failed})
+
+    def _fail_after_outputs(self, outputs: list[RequestOutput], failed: list[tuple[Request, str]]) -> None:
+        """End requests whose work after the update failed (a speculative proposal): the output each got
+        this step becomes its finished one."""
+        position = {out.request_id: k for k, out in enumerate(outputs)}
+        for request, message in failed:
+            self.scheduler.finish_with_status(request, RequestStatus.FINISHED_ERROR, message)
+            k = position.get(request.request_id)
+            final = self.output_processor.final_output(request, outputs[k].new_token_ids if k is not None else [])
+            if k is None:
+                outputs.append(final)
+            else:
+                outputs[k] = final
 
     def _check_not_stalled(self) -> None:
         scheduler = self.scheduler

@@ -82,12 +82,19 @@ class LLM:
     def _run(self, ids_in_order, prompts, use_tqdm) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids_in_order), desc="generate", disable=not use_tqdm)
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
-                    bar.update(1)
-        bar.close()
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished:  # finish_reason "error": a request that failed alone (out.error says why)
+                        finished[out.request_id] = out
+                        bar.update(1)
+        except BaseException:  # Ctrl-C, or a failure outside every request: leave the engine empty, usable
+            for rid in ids_in_order:
+                if rid not in finished:
+                    self.engine.abort(rid)
+            raise
+        finally:
+            bar.close()
         results = [finished[rid] for rid in ids_in_order]
         for out, prompt in zip(results, prompts):
             out.prompt = prompt if isinstance(prompt, str) else None

@@ -32,7 +32,7 @@ class CompletionOutput:
     ):
         self.index = index
         self.text = text
-        self.finish_reason = finish_reason  # "stop" | "length" | "abort" | None while running
+        self.finish_reason = finish_reason  # "stop" | "length" | "abort" | "error" | None while running
         self.stop_reason = stop_reason
         self._token_ids, self._num_tokens = token_ids, None  # None: the list is the value itself
         self._logprobs, self._num_logprobs = logprobs, None
@@ -182,6 +182,12 @@ class RequestOutput:
     @outputs.setter
     def outputs(self, value: list[CompletionOutput]) -> None:
         self._outputs = value
+
+    @property
+    def error(self) -> str | None:
+        """Why the request failed, when it finished with finish_reason "error" (else None)."""
+        source = self._source
+        return source[0].error if source is not None and source[3] == "error" else None
 
     @property
     def metrics(self) -> RequestMetrics | None:

@@ -13,10 +13,11 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"  # EOS or a stop token / string
     FINISHED_LENGTH = "length"  # max_tokens or the model's context
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # a failure while serving it (vLLM v1's FINISHED_ERROR); the message in Request.error
 
     def __init__(self, value: str):
         # a plain attribute, not a property: it is read for every request several times a step
-        self.finished = value in ("stop", "length", "abort")
+        self.finished = value in ("stop", "length", "abort", "error")
 
 
 class Request:
@@ -68,6 +69,7 @@ class Request:
         self.token_times: list[float] = []
         self.finish_time: float | None = None
         self.stop_reason: int | str | None = None
+        self.error: str | None = None  # why it finished with FINISHED_ERROR
 
     @property
     def num_prompt_tokens(self) -> int:

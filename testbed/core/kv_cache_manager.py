@@ -181,6 +181,10 @@ class KVCacheManager(KVAllocator):
         if self.req_num_hashed.get(request.request_id, 0) > num_full:
             self.req_num_hashed[request.request_id] = num_full
 
+    def uncache_from(self, request: Request, num_tokens: int) -> None:
+        for block in self.req_blocks.get(request.request_id, ())[num_tokens // self.block_size :]:
+            self.pool.uncache_block(block)
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
 

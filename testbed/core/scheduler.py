@@ -11,6 +11,7 @@ token is, and a request whose in-flight token is its last is not scheduled again
 """
 
 import bisect
+import logging
 from dataclasses import dataclass, field
 
 from testbed.core.allocators.base import KVAllocator
@@ -18,6 +19,8 @@ from testbed.core.policies import SchedulingPolicy
 from testbed.core.swap import KVCopy, SwapManager
 from testbed.request import Request, RequestStatus
 from testbed.stopping import check_token_stop
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -286,14 +289,19 @@ class Scheduler:
 
     # ---- after the model ran ------------------------------------------------------------------
     def update(
-        self, out: SchedulerOutput, sampled: list[list[int] | None], logprobs: list[list[float] | None] | None = None
+        self,
+        out: SchedulerOutput,
+        sampled: list[list[int] | None],
+        logprobs: list[list[float] | None] | None = None,
+        errors: dict[str, str] | None = None,
     ) -> list[tuple[Request, list[int]]]:
         """Append the step's sampled tokens (its computed counts advanced when it was scheduled) and end the
-        requests they finish. Returns (request, new tokens) for every request that got tokens. A request
-        preempted while the step ran (async scheduling) still gets its token, as it would have had the
-        step finished first."""
+        requests they finish. Returns (request, new tokens) for every request that got tokens or failed. A
+        request preempted while the step ran (async scheduling) still gets its token, as it would have had
+        the step finished first. `errors` (request id -> message): requests the executor could not serve,
+        finished with FINISHED_ERROR before anything of the step counts."""
         now = self.clock()
-        updates = []
+        updates = self._finish_failed(out, errors) if errors else []
         finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
         for idx, (request, tokens) in enumerate(zip(out.requests, sampled)):
@@ -365,8 +373,25 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
         self._finished_ids.append(request.request_id)
 
-    def finish_with_status(self, request: Request, status: RequestStatus) -> None:
-        """End a request from outside the step (abort, stop string)."""
+    def _finish_failed(self, out: SchedulerOutput, errors: dict[str, str]) -> list[tuple[Request, list[int]]]:
+        """End the requests a step failed for, freed like any finished request. Their blocks from the
+        first one this step wrote on leave the prefix cache: a failed step may not have written that KV."""
+        failed: list[tuple[Request, list[int]]] = []
+        computed_before = {r.request_id: c for r, c in zip(out.requests, out.num_computed_tokens)}
+        for request_id, message in errors.items():
+            request = self.requests.get(request_id)
+            if request is None or request.status.finished:
+                continue  # aborted while the step ran
+            self.kv.uncache_from(request, computed_before.get(request_id, request.num_computed_tokens))
+            self.finish_with_status(request, RequestStatus.FINISHED_ERROR, message)
+            failed.append((request, []))
+        return failed
+
+    def finish_with_status(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+        """End a request from outside the step (abort, stop string, a failure: `error` says what failed)."""
+        if error is not None:
+            request.error = error
+            logger.warning("request %s failed: %s", request.request_id, error)
         request.status = status
         if request in self.waiting:
             self.waiting.remove(request)

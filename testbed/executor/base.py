@@ -7,6 +7,10 @@ needs (block-table changes, swap copies, finished ids); an executor never reads 
 A step is two halves: `prepare` (host work from the SchedulerOutput: block tables, staged inputs) and
 `run` (the device work and sampling). `execute` is one after the other; with async scheduling the engine
 prepares step N+1 while step N runs (testbed/executor/overlap.py).
+
+A failure that belongs to some requests (their sampling, prompt logprobs, verification) is reported in
+`errors`, and the rest of the step is served; an executor raises only for what no request is to blame
+for (input preparation, the forward), and the engine then fails every request of the step.
 """
 
 from dataclasses import dataclass
@@ -21,6 +25,9 @@ class ExecutorOutput:
     logprobs: list[list[dict] | None] | None = None  # per scheduled request: per new token {token id: Logprob}
     # per scheduled request: {token id: Logprob} of the prompt tokens this step scored (prompt_logprobs)
     prompt_logprobs: list[list[dict] | None] | None = None
+    # request id -> why it could not be served this step (testbed.isolation): the scheduler finishes it with
+    # RequestStatus.FINISHED_ERROR; its entries in the lists above mean nothing
+    errors: dict[str, str] | None = None
 
 
 class Executor(Protocol):

@@ -47,7 +47,8 @@ class StagedInputs:
         if self.placeholders:
             ids = self.buffers.host_arrays(self.index, *self.sizes[:3])["input_ids"]
             for row, request_id in self.placeholders:
-                ids[row] = last_tokens[request_id]
+                # a request the previous step failed for got no token: it has ended, this row is discarded
+                ids[row] = last_tokens.get(request_id, 0)
         t = self.buffers.to_device(self.index, *self.sizes)
         if self.padded:
             n = self.num_seqs

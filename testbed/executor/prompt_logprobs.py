@@ -14,11 +14,20 @@ from testbed.executor.logprobs import logprob_entries
 ROWS_PER_CHUNK = 256  # logits rows materialised at once ([rows, vocab] fp32: 50 MB at a 49k vocabulary)
 
 
-def prompt_logprobs(out, hidden: torch.Tensor, compute_logits) -> list[list[dict] | None] | None:
+def wanting_prompt_logprobs(out) -> list[int]:
+    """Indices of the scheduled requests that ask for prompt logprobs."""
+    return [i for i, r in enumerate(out.requests) if r.prompt_logprobs is not None]
+
+
+def prompt_logprobs(
+    out, hidden: torch.Tensor, compute_logits, wanted: list[int] | None = None
+) -> list[list[dict] | None] | None:
     """Per scheduled request, the entries for the prompt tokens this step scored (None where none).
     out: the SchedulerOutput (its num_computed_tokens: before the step); hidden: [tokens, d] in the same
-    flat order. None when no request in the step asks for prompt logprobs."""
-    wanted = [i for i, r in enumerate(out.requests) if r.prompt_logprobs is not None]
+    flat order; wanted: the requests to score (default: every one that asks). None when no request in the
+    step asks for prompt logprobs."""
+    if wanted is None:
+        wanted = wanting_prompt_logprobs(out)
     if not wanted:
         return None
     offsets, total = [], 0

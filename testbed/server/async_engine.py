@@ -37,7 +37,8 @@ class ShuttingDownError(Exception):
 
 
 class EngineError(RuntimeError):
-    """The engine failed while this request was in it (HTTP 500 / an error event mid-stream)."""
+    """This request failed in the engine (its own failure, finish_reason "error", or the engine's):
+    HTTP 500 with an OpenAI-style body, or an error event mid-stream."""
 
 
 @dataclass
@@ -284,6 +285,8 @@ class AsyncEngine:
             self._first_token_seen.discard(rid)
             self._live.pop(rid, None)
             self.num_finished += 1
+            if out.outputs[0].finish_reason == "error":  # this request failed, the others go on
+                out = EngineError(f"request {rid} failed: {out.error}")
         if stream is not None:
             batch.append((stream, out))
 
@@ -304,7 +307,7 @@ class AsyncEngine:
                 self._live.pop(rid, None)
                 self._first_token_seen.discard(rid)
                 if out is not None:
-                    self.metrics.on_output(out, False)
+                    self.metrics.on_output(out, False, "error")
                 batch.append((stream, EngineError(f"engine failure: {error!r}")))
             elif out is not None:
                 self._on_output(out, stream, batch)

@@ -36,7 +36,7 @@ LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
 ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason values
 
 
 class ServerMetrics:
@@ -181,7 +181,8 @@ class ServerMetrics:
             for pos, accepted in enumerate(m.accepted_per_position):
                 self._advance(self._spec_per_pos.labels(*self._labels, str(pos)), ("spec_pos", pos), accepted)
 
-    def on_output(self, out: RequestOutput, first_token: bool) -> None:
+    def on_output(self, out: RequestOutput, first_token: bool, finish_reason: str | None = None) -> None:
+        """finish_reason: overrides the output's (a request failed by an engine failure is "error")."""
         m, rid = out.metrics, out.request_id
         if out.new_token_ids:
             self.generation_tokens.inc(len(out.new_token_ids))
@@ -197,9 +198,9 @@ class ServerMetrics:
         if out.finished:
             self._last_token_time.pop(rid, None)
             c = out.outputs[0]
-            reason = c.finish_reason or "abort"
+            reason = finish_reason or c.finish_reason or "abort"
             self._finished.labels(*self._labels, reason).inc()
-            if reason != "abort" and m is not None and m.finish_time is not None:
+            if reason not in ("abort", "error") and m is not None and m.finish_time is not None:
                 self._observe_finished(m, len(out.prompt_token_ids), len(c.token_ids))
 
     def _observe_finished(self, m, num_prompt: int, num_output: int) -> None:

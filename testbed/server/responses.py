@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from testbed.outputs import RequestOutput
 from testbed.server import protocol as P
-from testbed.server.async_engine import RequestStream
+from testbed.server.async_engine import EngineError, RequestStream
 from testbed.server.request_input import Admitted
 from testbed.server.sse import SSEResponse, event_stream
 
@@ -61,7 +61,10 @@ async def answer(
     """stream: true: the events of chunks(); otherwise body(the finished output) as JSON."""
     if admitted.req.stream:
         return SSEResponse(event_stream(chunks()), admitted.stream.abort)
-    out = await final_output(admitted.stream, request)
+    try:
+        out = await final_output(admitted.stream, request)
+    except EngineError as e:  # this request failed (finish_reason "error"); the others are untouched
+        return JSONResponse(P.error_body(str(e), "server_error"), status_code=500)
     if out is None:
         return Response(status_code=499)  # the client closed the connection (nginx's code)
     return JSONResponse(body(out))

@@ -6,6 +6,7 @@ import torch
 
 from testbed.executor.logprobs import logprob_entries
 from testbed.executor.sampler import filter_logits
+from testbed.isolation import find_culprits
 from testbed.request import Request
 from testbed.spec.base import Proposer
 from testbed.spec.config import SpeculativeConfig
@@ -31,8 +32,9 @@ class Speculator:
             k = min(k, max_tokens - request.num_output_tokens - 1)
         return k
 
-    def propose(self, running: list[Request]) -> None:
-        """Set spec_token_ids of running requests that are decoding and hold no unverified drafts."""
+    def propose(self, running: list[Request]) -> list[tuple[Request, str]]:
+        """Set spec_token_ids of running requests that are decoding and hold no unverified drafts.
+        Returns the requests whose proposal failed, with why (testbed.isolation): the engine ends them."""
         start = time.perf_counter()
         live = {r.request_id for r in running}
         for rid in [rid for rid in self.draft_probs if rid not in live]:
@@ -47,8 +49,10 @@ class Speculator:
             if k > 0:
                 reqs.append(r)
                 ks.append(k)
+        failed: list[tuple[Request, str]] = []
         if reqs:
-            for r, (drafts, probs) in zip(reqs, self.proposer.propose(reqs, ks)):
+            proposals, failed = self._propose(reqs, ks)
+            for r, (drafts, probs) in zip(reqs, proposals):
                 r.spec_token_ids = list(drafts)
                 self.metrics.num_proposed_tokens += len(drafts)
                 if probs is not None and drafts:
@@ -56,6 +60,18 @@ class Speculator:
                 else:
                     self.draft_probs.pop(r.request_id, None)
         self.metrics.propose_time_s += time.perf_counter() - start
+        return failed
+
+    def _propose(self, reqs: list[Request], ks: list[int]):
+        """The proposer over the batch; if it raises, request by request (no drafts for those that fail)."""
+        try:
+            return self.proposer.propose(reqs, ks), []
+        except Exception as e:
+            alone, failed = find_culprits(
+                lambda j: self.proposer.propose([reqs[j]], [ks[j]])[0], range(len(reqs)), e, "speculative proposal"
+            )
+        proposals = [alone.get(j, ([], None)) for j in range(len(reqs))]
+        return proposals, [(reqs[j], message) for j, message in failed.items()]
 
     # ---- the executor's side ------------------------------------------------------------------
     def observe(self, inputs) -> None:
@@ -112,14 +128,16 @@ class Speculator:
                 for b, (i, _) in enumerate(members):
                     emitted[i] = out[b, : int(num_acc[b]) + 1].tolist()
         for i, tokens in emitted.items():
-            n = num_logits[i]
-            self.draft_probs.pop(requests[i].request_id, None)
-            self.metrics.record(n - 1, len(tokens) - 1)
             sampled[i] = tokens
             k = requests[i].sampling_params.logprobs
             if want_logprobs and k is not None:
                 lp = logits[offsets[i] : offsets[i] + len(tokens)].log_softmax(dim=-1)
                 logprobs[i] = logprob_entries(lp, torch.tensor(tokens, device=lp.device), [k] * len(tokens))
+        # counted once everything above succeeded: a batch that raises is verified again request by request
+        # (testbed.isolation), and its drafts must not count twice
+        for i, tokens in emitted.items():
+            self.draft_probs.pop(requests[i].request_id, None)
+            self.metrics.record(num_logits[i] - 1, len(tokens) - 1)
         return sampled, logprobs
 
     def stats(self) -> dict:

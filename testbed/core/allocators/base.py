@@ -128,6 +128,10 @@ class KVAllocator:
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back room beyond num_tokens where the allocator can (rejected speculative tokens)."""
 
+    def uncache_from(self, request: Request, num_tokens: int) -> None:
+        """Take the request's blocks from the one holding token num_tokens on out of the prefix cache (their
+        KV may never have been written: a failed step). Nothing to do without a prefix cache."""
+
     def get_block_ids(self, request_id: str) -> list[int]:
         raise NotImplementedError
 
