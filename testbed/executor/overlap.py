@@ -27,7 +27,10 @@ class OverlappedSteps:
 
     def _run(self, out: SchedulerOutput, prepared) -> ExecutorOutput:
         result = self.executor.run(prepared, self.last_tokens)
-        self.last_tokens = {r.request_id: t[-1] for r, t in zip(out.requests, result.sampled) if t}
+        # a request the step failed for has no token (None): its next step's placeholder is discarded
+        self.last_tokens = {
+            r.request_id: t[-1] for r, t in zip(out.requests, result.sampled) if t and t[-1] is not None
+        }
         return result
 
     def close(self) -> None:

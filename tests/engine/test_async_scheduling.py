@@ -110,3 +110,42 @@ def test_async_scheduling_refuses_what_it_cannot_overlap():
     with pytest.raises(ValueError, match="a simulation"):
         LLM(model="tiny", async_scheduling=True, executor="sim", sim_config={"device": "h100-sxm"})
     assert LLM(model="tiny", num_blocks=64).engine.pipeline is None  # CPU default: synchronous
+
+
+def test_a_failing_request_or_step_under_async_scheduling(monkeypatch):
+    """Fault isolation holds with a step in flight: a request whose sampling raises ends alone with an
+    error (its next step, already running, is dropped), and a forward that raises once fails only its step."""
+    from testbed.executor.sampler import Sampler
+
+    poisoned_first_token = 4001
+    sample = Sampler.sample
+
+    def poisoned_sample(self, logits, requests):
+        if any(r.prompt_token_ids[0] == poisoned_first_token for r in requests):
+            raise RuntimeError("poisoned sampling")
+        return sample(self, logits, requests)
+
+    params = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 12
+    healthy, _ = generate(False, params, num_blocks=400)
+    monkeypatch.setattr(Sampler, "sample", poisoned_sample)
+    llm = LLM(model="tiny", kernel="torch", async_scheduling=True, num_blocks=400)
+    outs = llm.generate([*prompts(), [poisoned_first_token, 5, 6]], [*params, params[0]])
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs[:-1]] == healthy
+    assert outs[-1].outputs[0].finish_reason == "error"
+    engine = llm.engine
+    model, calls = engine.model, []
+    forward = type(model).forward
+
+    def fails_once(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(type(model), "forward", fails_once)
+    outs = llm.generate(prompts(4), params[:4])
+    assert any(o.outputs[0].finish_reason == "error" for o in outs)
+    again = llm.generate(prompts(4), params[:4])  # the engine keeps serving, with the right tokens
+    reference = LLM(model="tiny", kernel="torch", num_blocks=400).generate(prompts(4), params[:4])
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in reference]
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.inflight is None
