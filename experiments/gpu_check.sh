@@ -6,6 +6,7 @@
 #      transformers static generate, transformers continuous batching, roofline bound
 #   3. Triton kernel check (experiments/gpu_kernel_check.py): correctness + timings at realistic shapes
 #   4. host-side cost per step (null executor) on that machine's CPU
+#   5. GPU idle time between steps, synchronous vs async scheduling (torch profiler)
 # Full results go to $OUT (or results/gpu_check/ when $OUT is unset); a short table is printed last.
 # Steps run in this order under a shared time budget (BUDGET_S, default 540 s) and are skipped once it is
 # spent, so one 10-minute device call is enough:
@@ -46,8 +47,11 @@ step() {  # step NAME MAX_SECONDS COMMAND...
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee -a "$LOG"
 
-step "gpu tests" 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider \
-    tests/executor/test_cuda_graphs.py tests/kernels/test_gpu_timing.py --junitxml="$OUT/pytest_gpu.xml"
+step "gpu tests" 150 python3 -m pytest -q -o addopts="" -p no:cacheprovider -m "gpu or not slow" \
+    tests/executor/test_cuda_graphs.py tests/kernels/test_gpu_timing.py tests/engine/test_async_scheduling.py \
+    --junitxml="$OUT/pytest_gpu.xml"
+
+step "GPU idle gap (sync vs async scheduling)" 90 python3 -m benchmarks.gpu_idle_gap --out "$OUT"
 
 step "throughput llama-3.2-1b" 300 python3 -m benchmarks.throughput --preset gpu --out "$OUT" \
     --name throughput --time-limit 60 --system-timeout 150 ${BENCH_ARGS:-}
