@@ -48,7 +48,7 @@ class StagedInputs:
             ids = self.buffers.host_arrays(self.index, *self.sizes[:3])["input_ids"]
             for row, request_id in self.placeholders:
                 # a request the previous step failed for got no token: it has ended, this row is discarded
-                ids[row] = last_tokens.get(request_id, 0)
+                ids[row] = (last_tokens or {}).get(request_id, 0)
         t = self.buffers.to_device(self.index, *self.sizes)
         if self.padded:
             n = self.num_seqs

@@ -38,7 +38,7 @@ class _RequestState:
 def tokenize_bad_words(tokenizer, words: list[str]) -> list[list[int]]:
     """vLLM's SamplingParams.update_from_tokenizer: each word as it would start the text and, when that
     gives a different first token of the same length, as it would follow a space."""
-    sequences = []
+    sequences: list[list[int]] = []
     for word in words:
         for prefix in ("", " "):
             ids = tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False)

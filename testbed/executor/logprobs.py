@@ -16,11 +16,12 @@ class Logprob:
 def logprob_entries(logprobs: torch.Tensor, token_ids: torch.Tensor, ks: list[int]) -> list[dict[int, Logprob]]:
     """logprobs [n, vocab] (log-softmax rows), token_ids [n]: the token each row scores, ks: how many
     top tokens each row adds. vLLM's rank = how many tokens have a logprob >= the scored token's."""
-    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
-    ranks = (logprobs >= chosen).sum(dim=-1).tolist()
-    chosen, tokens = chosen.squeeze(1).tolist(), token_ids.tolist()
+    chosen_rows = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (logprobs >= chosen_rows).sum(dim=-1).tolist()
+    chosen, tokens = chosen_rows.squeeze(1).tolist(), token_ids.tolist()
     k_max = max(ks, default=0)
-    top_lps = top_ids = None
+    top_lps: list[list[float]] = []
+    top_ids: list[list[int]] = []
     if k_max:
         top_values, top_indices = logprobs.topk(k_max, dim=-1)
         top_lps, top_ids = top_values.tolist(), top_indices.tolist()

@@ -70,8 +70,8 @@ class ModelRunner(StepExecutor):
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         if self.spec is not None and any(k > 1 for k in inputs.num_logits):
             # 1 + k rows for a request with k drafts: speculative verification
-            verified = self._verify(out.requests, inputs.num_logits, logits, errors)
-            return ExecutorOutput(*verified, prompt_lps, errors or None)
+            sampled_drafts, draft_logprobs = self._verify(out.requests, inputs.num_logits, logits, errors)
+            return ExecutorOutput(sampled_drafts, draft_logprobs, prompt_lps, errors or None)
         # one token per request here (one logits row each, in order)
         tokens, lps = self._sample(logits, [out.requests[i] for i in rows], errors)
         sampled: list[list[int] | None] = [None] * len(out.requests)

@@ -135,7 +135,7 @@ class Sampler:
                 tokens = drawn
             else:
                 tokens[torch.tensor(rows, device=tokens.device)] = drawn
-        logprobs = None
+        logprobs: list[dict | None] | None = None
         if raw_logprobs is not None:
             idx = torch.tensor(want, device=tokens.device)
             entries = logprob_entries(raw_logprobs, tokens[idx], [params[i].logprobs for i in want])
