@@ -147,6 +147,10 @@ def main(argv=None) -> Path:
         "max_num_batched_tokens": engine.config.max_num_batched_tokens,
         "environment": env,
         "overrides": overrides,
+        "calibrated_range": {
+            "max_seqs": max(s.num_seqs for s in shapes),
+            "max_tokens": max(s.num_tokens for s in shapes),
+        },
         **result,
         "samples": {
             "features": list(StepShape.__dataclass_fields__),

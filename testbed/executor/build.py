@@ -45,7 +45,9 @@ def build_executor(
     if config.executor == "sim":
         from testbed.sim.build import build_sim_executor
 
-        executor, speculator = build_sim_executor(sim, spec, token, config.speculative_config)
+        executor, speculator = build_sim_executor(
+            sim, spec, token, config.speculative_config, config.max_num_seqs, config.max_num_batched_tokens
+        )
         return ExecutorParts(executor, None, speculator)
     width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS
     tables = BlockTables(width, config.max_num_seqs)

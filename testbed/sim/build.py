@@ -73,7 +73,9 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
     return SimPlan(sim, clock, getattr(torch, dtype), kernel, recorded)
 
 
-def build_sim_executor(plan: SimPlan, spec, token_id: int, speculative_config):
+def build_sim_executor(
+    plan: SimPlan, spec, token_id: int, speculative_config, max_num_seqs: int, max_num_batched_tokens: int
+):
     """(executor, speculator): the cost model named by the plan, checked against the model, kernel, dtype."""
     from testbed.sim.proposer import FixedDraftProposer
     from testbed.spec import SpeculativeConfig, Speculator
@@ -87,7 +89,15 @@ def build_sim_executor(plan: SimPlan, spec, token_id: int, speculative_config):
     elif sim.cost_model == "profile":
         from testbed.sim.cost_models.profile import ProfileCost
 
-        cost_model = ProfileCost(sim.profile, spec.name, plan.kernel, str(plan.dtype).removeprefix("torch."))
+        cost_model = ProfileCost(
+            sim.profile,
+            spec.name,
+            plan.kernel,
+            str(plan.dtype).removeprefix("torch."),
+            max_num_seqs,
+            max_num_batched_tokens,
+            sim.allow_extrapolation,
+        )
     else:
         cost_model = None  # the clock replays the recorded run's readings
     spec_config = SpeculativeConfig.from_any(speculative_config)

@@ -12,6 +12,7 @@ class SimConfig:
     profile: str | None = None  # profile: a profile JSON (experiments.calibrate writes them to results/profiles/)
     run: str | None = None  # replay_steps: the folder of a recorded real run (clock.parquet, steps.parquet)
     spec_acceptance: float = 0.7  # speculative decoding: each draft accepted with this probability
+    allow_extrapolation: bool = False  # profile: price batches beyond the calibrated range instead of refusing
     seed: int = 0  # draws of the acceptance model
 
     def __post_init__(self):

@@ -155,6 +155,12 @@ def test_profile_refuses_another_setup(tmp_path):
         ProfileCost(path, "smollm2-135m", "torch", "float32")
     with pytest.raises(ValueError, match="model 'smollm2-135m' \\(this run: 'tiny'\\)"):
         ProfileCost(path, "tiny", "cpu", "float32")
+    ranged = json.loads(path.read_text()) | {"calibrated_range": {"max_seqs": 64, "max_tokens": 512}}
+    path.write_text(json.dumps(ranged))
+    ProfileCost(path, "smollm2-135m", "cpu", "float32", max_num_seqs=64, max_num_batched_tokens=512)
+    with pytest.raises(ValueError, match="max_num_seqs=256 \\(calibrated up to 64\\)"):
+        ProfileCost(path, "smollm2-135m", "cpu", "float32", max_num_seqs=256, max_num_batched_tokens=512)
+    ProfileCost(path, "smollm2-135m", "cpu", "float32", 256, 512, allow_extrapolation=True)
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a profile"):
         ProfileCost(tmp_path / "bad.json", "tiny", "cpu", "float32")

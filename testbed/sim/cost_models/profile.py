@@ -74,7 +74,18 @@ def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
 class ProfileCost:
     name = "profile"
 
-    def __init__(self, path: str | Path, model: str, kernel: str, dtype: str):
+    def __init__(
+        self,
+        path: str | Path,
+        model: str,
+        kernel: str,
+        dtype: str,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        allow_extrapolation: bool = False,
+    ):
+        """max_num_seqs / max_num_batched_tokens: the run's limits, refused (unless allow_extrapolation)
+        when they exceed the batches the profile was measured on: a fit says nothing beyond its data."""
         self.path = Path(path)
         if not self.path.exists():
             raise ValueError(f"no profile at {self.path} (make one with `python -m experiments.calibrate`)")
@@ -90,6 +101,20 @@ class ProfileCost:
         if wrong:
             what = ", ".join(f"{k} {rec!r} (this run: {run!r})" for k, (rec, run) in wrong.items())
             raise ValueError(f"profile {self.path} was measured for another setup: {what}")
+        seen = p.get("calibrated_range") or {}
+        beyond = [
+            f"{name}={limit} (calibrated up to {seen[key]})"
+            for name, limit, key in (
+                ("max_num_seqs", max_num_seqs, "max_seqs"),
+                ("max_num_batched_tokens", max_num_batched_tokens, "max_tokens"),
+            )
+            if limit is not None and key in seen and limit > seen[key]
+        ]
+        if beyond and not allow_extrapolation:
+            raise ValueError(
+                f"profile {self.path} cannot price this run's batches: {', '.join(beyond)}; lower the "
+                "limits, calibrate larger batches, or set executor.allow_extrapolation=true"
+            )
         self.knee = float(p["knee_tokens"])
         self.coef = np.array([p["coefficients"][f] for f in FEATURES], dtype=np.float64)
 
