@@ -1,7 +1,7 @@
 """The engine: add requests, step (schedule -> execute -> update), abort. One process, no Hydra."""
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,13 @@ class StepStats:
     num_waiting: int
     num_running: int
     kv: KVCacheStats
+    # who ran (for explaining latency differences, experiments.compare): ids in batch order, the tokens
+    # each got, those that were prefilling (a prompt chunk, or recomputation after a preemption), and
+    # the requests preempted in this step
+    scheduled_ids: list[str] = field(default_factory=list)
+    scheduled_tokens: list[int] = field(default_factory=list)
+    prefill_ids: list[str] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -202,6 +209,8 @@ class Engine:
                     f"and {self.kv.pool.num_free_blocks} free blocks"
                 )
             return []
+        # prefilling: not yet at the last known token when scheduled (the scheduler's own decode test)
+        prefill_ids = [r.request_id for r in sched.requests if r.num_computed_tokens < len(r.all_token_ids) - 1]
         result = self.executor.execute(sched)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
         outputs = []
@@ -226,6 +235,10 @@ class Engine:
             self.scheduler.num_waiting,
             self.scheduler.num_running,
             self._kv_stats(),
+            [r.request_id for r in sched.requests],
+            sched.num_new_tokens,
+            prefill_ids,
+            [r.request_id for r in sched.preempted],
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)

@@ -115,6 +115,7 @@ class Scheduler:
     # ---- the step -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
+        self.policy.begin_step(now)  # the step's ordering is decided here, once, before any sort or insert
         if self.policy.time_dependent:
             key = self.policy.key
             self.waiting.sort(key=lambda r: key(r, now))
