@@ -55,7 +55,8 @@ LEVEL = 0.95
 NOT_CONFIG = ("seed", "trace.seed", "replay.repeat", "replay.repeats", "replay.repeat_seeds")
 NOT_CONFIG_TOP = ("results", "wandb", "progress")
 # sweep columns that are neither configuration nor metric
-INFO_COLUMNS = ("run_dir", "job_num", "overrides", "config_id", "repeat", "seed", "trace.seed")
+INFO_COLUMNS = ("run_dir", "job_num", "overrides", "config_id", "repeat", "seed", "trace.seed", "replay.repeat")
+INFO_COLUMNS += ("replay.repeats", "replay.repeat_seeds")
 NOT_METRICS = ("start_time", "end_time", "num_requests", "num_sent", "job_num", "repeat", "seed")
 PERCENTILE = re.compile(r"^(median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
 
@@ -188,13 +189,14 @@ def write_aggregate(sweep: str | Path, n_resamples: int = 2000) -> Path | None:
 
 
 def wide(agg: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
-    """One row per configuration: <metric>, <metric>_ci_low, <metric>_ci_high, n (for plots and tables)."""
+    """One row per configuration: its config columns, <metric>, <metric>_ci_low, <metric>_ci_high and n
+    (the most runs any metric had), for plots and tables."""
     agg = agg[agg["metric"].isin(metrics)]
-    index = [c for c in agg.columns if c == "config_id" or "." in c]
-    out = agg.pivot_table(index=index, columns="metric", values=["mean", "ci_low", "ci_high"], dropna=False)
-    out.columns = [m if stat == "mean" else f"{m}_{stat}" for stat, m in out.columns]
-    n = agg.groupby(index, dropna=False)["n"].max().rename("n")
-    return out.join(n).reset_index()
+    values = agg.pivot(index="config_id", columns="metric", values=["mean", "ci_low", "ci_high"])
+    values.columns = [m if stat == "mean" else f"{m}_{stat}" for stat, m in values.columns]
+    values["n"] = agg.groupby("config_id")["n"].max()
+    head = agg.drop_duplicates("config_id")[[c for c in agg.columns if c == "config_id" or "." in c]]
+    return head.merge(values.reset_index(), on="config_id")
 
 
 class AggregateCallback(Callback):

@@ -31,6 +31,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         device=cfg.device,
         seed=cfg.seed,
         speculative_config=_spec_config(cfg),
+        executor=cfg.get("executor") or "model",
     )
 
 

@@ -2,6 +2,7 @@
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import torch
 
@@ -19,6 +20,8 @@ from testbed.outputs import RequestOutput
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.spec import build_speculator
+
+_request_id = attrgetter("request_id")
 
 
 @dataclass
@@ -209,8 +212,13 @@ class Engine:
                     f"and {self.kv.pool.num_free_blocks} free blocks"
                 )
             return []
-        # prefilling: not yet at the last known token when scheduled (the scheduler's own decode test)
-        prefill_ids = [r.request_id for r in sched.requests if r.num_computed_tokens < len(r.all_token_ids) - 1]
+        # prefilling: not yet at the last known token when scheduled (the scheduler's own decode test);
+        # a pure decode step has none, and skips the scan
+        prefill_ids = (
+            [r.request_id for r in sched.requests if r.num_computed_tokens < len(r.all_token_ids) - 1]
+            if sched.num_prefill_tokens
+            else []
+        )
         result = self.executor.execute(sched)
         updates = self.scheduler.update(sched, result.sampled, result.logprobs)
         outputs = []
@@ -235,10 +243,10 @@ class Engine:
             self.scheduler.num_waiting,
             self.scheduler.num_running,
             self._kv_stats(),
-            [r.request_id for r in sched.requests],
+            list(map(_request_id, sched.requests)),
             sched.num_new_tokens,
             prefill_ids,
-            [r.request_id for r in sched.preempted],
+            list(map(_request_id, sched.preempted)) if sched.preempted else [],
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)
