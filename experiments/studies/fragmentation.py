@@ -181,7 +181,8 @@ def plot(allocs: pd.DataFrame, blocks: pd.DataFrame, path: Path) -> None:
     if len(blocks):
         ax = axes[1]
         bs = blocks["block_size"].to_numpy()
-        for col, label in (("token_busy", "token states"), ("reserved_busy", "reserved"), ("internal_busy", "internal")):
+        curves = (("token_busy", "token states"), ("reserved_busy", "reserved"), ("internal_busy", "internal"))
+        for col, label in curves:
             y = 100 * blocks[col].to_numpy()
             e = 100 * (blocks[f"{col}_ci_high"] - blocks[f"{col}_ci_low"]).to_numpy() / 2
             ax.errorbar(bs, y, yerr=np.nan_to_num(e), fmt="o-", capsize=3, label=label)
