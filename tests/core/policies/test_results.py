@@ -46,7 +46,7 @@ def test_block_size_curve():
     if not path.exists():
         pytest.skip("results/fragmentation/block_size.csv not committed")
     t = pd.read_csv(path).sort_values("block_size")
-    assert list(t["block_size"]) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert list(t["block_size"]) == [1, 4, 16, 64, 256]
     assert t["internal_busy"].iloc[0] == 0  # block 1: no slot is ever wasted
     # larger blocks strand more slots in each request's tail: token share falls at the big end
-    assert t["token_busy"].iloc[-1] < t["token_busy"].iloc[:5].min()
+    assert t["token_busy"].iloc[-1] < t["token_busy"].iloc[:3].min()
