@@ -50,7 +50,7 @@ class CompareError(ValueError):
 @dataclass
 class Run:
     path: Path
-    repeat: int
+    repeat: int  # the replicate: repeat index, or seed in a seed sweep
     summary: dict
     requests: pd.DataFrame
     steps: pd.DataFrame
@@ -124,13 +124,18 @@ def load_side(path: str | Path, where: dict[str, str] | None = None) -> list[Run
         raise CompareError(
             f"{path} holds {keys.nunique()} configurations (differing in {varying}); pick one with --where KEY=VALUE"
         )
+    # which replicate a run is: its repeat index, or its seed in a seed sweep (where every repeat index
+    # is 0), or its position
+    replicate = list(range(len(table)))
+    for column in ("repeat", "seed"):
+        if column in table and table[column].notna().all() and table[column].is_unique:
+            replicate = [int(v) for v in table[column]]
+            break
     runs = []
-    for i, row in enumerate(table.itertuples(index=False)):
+    for rep, row in zip(replicate, table.itertuples(index=False)):
         run_dir = path / str(row.run_dir)
         summary, requests, steps = load_run(run_dir)
-        repeat = getattr(row, "repeat", None)
-        repeat = i if repeat is None or (isinstance(repeat, float) and math.isnan(repeat)) else int(repeat)
-        runs.append(Run(run_dir, repeat, summary, requests, steps))
+        runs.append(Run(run_dir, rep, summary, requests, steps))
     return sorted(runs, key=lambda r: r.repeat)
 
 
@@ -172,14 +177,15 @@ def request_table(run: Run) -> pd.DataFrame:
 
 def paired_requests(pairs: list[tuple[Run, Run]]) -> pd.DataFrame:
     frames = []
-    for ra, rb in pairs:
+    for pair, (ra, rb) in enumerate(pairs):
         ta, tb = request_table(ra), request_table(rb)
         joined = ta.merge(tb, how="inner", left_index=True, right_index=True, suffixes=("_a", "_b"))
         if joined.empty:
             raise CompareError(
                 f"{ra.path} and {rb.path} share no completed request ids: a paired comparison needs the same trace"
             )
-        joined.insert(0, "repeat", ra.repeat)
+        joined.insert(0, "pair", pair)
+        joined.insert(1, "repeat", ra.repeat)
         frames.append(joined.reset_index())
     return pd.concat(frames, ignore_index=True)
 
@@ -217,11 +223,11 @@ def compare(
     rows = []
     for metric in LATENCY:
         for stat in statistics:
-            both = req[["repeat", f"{metric}_ms_a", f"{metric}_ms_b"]].dropna()
+            both = req[["pair", f"{metric}_ms_a", f"{metric}_ms_b"]].dropna()
             f = _stat(stat)
             xa, xb = both.iloc[:, 1].to_numpy(float), both.iloc[:, 2].to_numpy(float)
             per_pair = [
-                f(g.iloc[:, 1].to_numpy(float)) - f(g.iloc[:, 2].to_numpy(float)) for _, g in both.groupby("repeat")
+                f(g.iloc[:, 1].to_numpy(float)) - f(g.iloc[:, 2].to_numpy(float)) for _, g in both.groupby("pair")
             ]
             rows.append(
                 {

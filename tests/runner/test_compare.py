@@ -71,3 +71,20 @@ def test_sweep_sides_pick_one_configuration(tmp_path):
     (other / "requests.parquet").write_bytes((sweep / "fcfs-repeat0" / "requests.parquet").read_bytes())
     with pytest.raises(CompareError, match="neither a run folder"):
         compare(tmp_path / "missing", other)
+
+
+def test_a_seed_sweep_pairs_runs_by_seed(tmp_path):
+    """In a seed sweep every run is repeat 0: runs pair by seed, and the repeat pairs count as several."""
+    for side, scale in (("a", 1.0), ("b", 1.0)):
+        for seed in (2, 0, 1):  # written out of order
+            write_run(
+                tmp_path / side / f"s{seed}",
+                seed=seed + (10 if side == "b" else 0),
+                repeat=0,
+                table=tmp_path / side / "sweep.csv",
+                ttft_scale=scale,
+                extra={"seed": seed},
+            )
+    result = compare(tmp_path / "a", tmp_path / "b", n_resamples=200)
+    assert result.pairs == 3
+    assert "paired t over repeats" in result.table.set_index("metric").loc["p50_ttft_ms", "method"]
