@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.aggregate import config_id, wide, write_aggregate
+from experiments.aggregate import AggregateCallback, config_id, wide, write_aggregate
 from experiments.compare import compare
 from experiments.repeats import repeat_configs
 from experiments.runner import run_trace
@@ -83,6 +83,17 @@ def test_replay_repeats_end_to_end(tiny_cfg, tmp_path):
     assert result.requests == 6 and len(result.table) == 12  # 9 latency statistics, 3 run metrics
 
 
+def test_callback_writes_the_intervals_when_a_multirun_ends(tmp_path):
+    from omegaconf import OmegaConf
+
+    write_sweep(tmp_path, 2, first_seed=1)
+    config = OmegaConf.create({"results": {"sweep_table": None}, "hydra": {"sweep": {"dir": str(tmp_path)}}})
+    AggregateCallback().on_multirun_end(config)
+    assert (pd.read_csv(tmp_path / "sweep_ci.csv")["n"] == 2).all()
+    AggregateCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "none")}}}))
+
+
+@pytest.mark.slow
 def test_seed_sweep_is_aggregated_when_the_multirun_ends(tmp_path):
     run_cli("-m", *SMALL, "seed=0,1", f"hydra.sweep.dir={tmp_path}")
     agg = pd.read_csv(tmp_path / "sweep_ci.csv")
