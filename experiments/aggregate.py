@@ -22,8 +22,9 @@ Per configuration and numeric summary metric (sweep_ci.csv, one row each):
                         the t interval too, since the bootstrap alone misses run-to-run variation
                         (machine load shifts every request of a run alike). `ci_t_low` / `ci_t_high`
                         always hold the t interval.
-The bootstrap is seeded, so the file is reproducible. A Hydra multirun rewrites it when the sweep ends
-(AggregateCallback, conf/config.yaml); a run with replay.repeats > 1 when its repeats end.
+The bootstrap is seeded, so the file is reproducible; its cost is bounded (resamples_for). A Hydra
+multirun rewrites the file when the sweep ends (AggregateCallback, conf/config.yaml); a run with
+replay.repeats > 1 when its repeats end.
 """
 
 from __future__ import annotations
@@ -127,6 +128,13 @@ def percentile_of(metric: str) -> tuple[str, float] | None:
     return m.group(3), 50.0 if m.group(1) == "median" else float(m.group(2))
 
 
+def resamples_for(num_samples: int, n_resamples: int, budget: float = 5e7) -> int:
+    """Bound the bootstrap's cost (resamples x samples): large samples (ITL gaps of long runs, hundreds of
+    thousands) get fewer resamples, at least 200; their intervals are narrow, so the Monte Carlo error
+    of the ends matters little."""
+    return max(200, min(n_resamples, int(budget // max(num_samples, 1))))
+
+
 # ---- the table --------------------------------------------------------------------------------------
 def aggregate(table: pd.DataFrame, base_dir: Path | None = None, n_resamples: int = 2000) -> pd.DataFrame:
     """sweep_ci rows (module doc) for every configuration and metric of a sweep table. base_dir: the
@@ -165,7 +173,8 @@ def aggregate(table: pd.DataFrame, base_dir: Path | None = None, n_resamples: in
                 name, q = pct
                 strata = [s[name] for s in samples]
                 if all(len(s) for s in strata):
-                    lo, hi = bootstrap_interval(strata, percentile_of_strata(q), LEVEL, n_resamples, seed=0)
+                    resamples = resamples_for(sum(len(s) for s in strata), n_resamples)
+                    lo, hi = bootstrap_interval(strata, percentile_of_strata(q), LEVEL, resamples, seed=0)
                     row["method"] = "bootstrap"
                     if values.size > 1:  # also cover run-to-run variation: the union with the t interval
                         lo, hi, row["method"] = min(lo, lo_t), max(hi, hi_t), "bootstrap + t"

@@ -6,7 +6,7 @@ first reuses the one it was given), so nothing carries over between them but war
 process (first-call costs fall on repeat 0; compare repeats, not repeat 0 against a later run, when
 that matters). Every repeat appends its row to the sweep table the single run would have used, with
 its repeat index, seeds and config_id; when all are done, sweep_ci.csv is rewritten next to it
-(experiments.aggregate).
+(experiments.aggregate), except in a Hydra multirun, whose callback writes it once at the end.
 """
 
 from __future__ import annotations
@@ -80,4 +80,16 @@ def run_repeats(cfg, run_dir: str | Path, engine=None) -> dict:
     for i, c in enumerate(repeat_configs(cfg, repeat_count(cfg))):
         _set(c, "results.sweep_table", str(table))
         summaries.append(run_trace(c, run_dir / f"repeat{i}", engine if i == 0 and engine else build_engine(c)))
-    return {"repeats": len(summaries), "summaries": summaries, "sweep_ci": write_aggregate(table)}
+    # in a multirun the sweep's callback writes sweep_ci.csv once, when every job is done
+    ci = None if _in_multirun() else write_aggregate(table)
+    return {"repeats": len(summaries), "summaries": summaries, "sweep_ci": ci}
+
+
+def _in_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    except ImportError:  # pragma: no cover
+        return False
