@@ -33,6 +33,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         speculative_config=_spec_config(cfg),
         executor=cfg.executor.name,
         sim_config=_sim_config(cfg),
+        null_step_time_s=cfg.executor.get("step_time_s", 0.0),
     )
 
 

@@ -14,11 +14,21 @@ Run:
 Latency statistics are over completed requests only (aborted and failed ones are counted, not timed): mean, median,
 std and the configured percentiles (numpy's linear interpolation, as vLLM uses), in milliseconds.
 
-Cache (from the steps table, time-averaged: each step weighted by its duration):
-    kv_utilization_mean = used_blocks / num_blocks; frag_internal = slack slots in partly filled blocks /
-    all slots; frag_reserved / frag_external = reserved-but-unused / unusable slots / all slots (0 for
-    paging; static allocators report them). prefix_hit_rate = cached prompt tokens / prompt tokens over
-    first schedulings.
+Cache (from the steps table). Each step's state is the allocator's memory breakdown after it
+(testbed.core.allocators.base.KVCacheStats), which partitions the cache's token slots into
+    token      holding a computed token state
+    reserved   held by a request for its own future tokens, up to its final length (paging: the empty
+               slots of its tail block before that length; static allocators: the rest of its run)
+    internal   held by a request beyond its final length, never to be filled (paging: the slots of its
+               last block past its final length; static_max / static_pow2: the over-reservation)
+    external   free, but in holes too small for the request blocked waiting for memory (0 for paging)
+    free       free and usable (including evictable prefix-cache blocks)
+kv_utilization_mean = used_blocks / num_blocks, and frag_internal / frag_reserved / frag_external =
+internal / reserved / external slots over all slots, are averaged over the engine's *busy* time: each
+step weighted by its duration. Time between steps is not included: the driver's own work, and in
+open loop the idle waits for the next arrival (no request holds KV then); `busy_fraction` = summed
+step time / run duration says how much of the run the averages cover. prefix_hit_rate = cached
+prompt tokens / prompt tokens over first schedulings.
 """
 
 from __future__ import annotations
@@ -153,6 +163,7 @@ def step_summary(steps: pd.DataFrame) -> dict:
             "frag_internal": 0.0,
             "frag_reserved": 0.0,
             "frag_external": 0.0,
+            "busy_s": 0.0,
             "mean_batch_size": 0.0,
             "max_batch_size": 0,
             "mean_step_time_ms": 0.0,
@@ -168,6 +179,7 @@ def step_summary(steps: pd.DataFrame) -> dict:
         "frag_internal": _time_mean(steps, "frag_internal"),
         "frag_reserved": _time_mean(steps, "frag_reserved"),
         "frag_external": _time_mean(steps, "frag_external"),
+        "busy_s": float(steps["duration_s"].sum()),
         "mean_batch_size": float(steps["num_seqs"].mean()),
         "max_batch_size": int(steps["num_seqs"].max()),
         "mean_step_time_ms": 1e3 * float(steps["duration_s"].mean()),
@@ -195,5 +207,6 @@ def summarize(
         else 0.0
     )
     out["num_preemptions"] = int(requests["num_preemptions"].sum()) if len(requests) else 0
+    out["busy_fraction"] = min(1.0, out["busy_s"] / out["duration"]) if out["duration"] > 0 else 0.0
     out["max_concurrent_requests"] = int((steps["num_running"] + steps["num_waiting"]).max()) if len(steps) else 0
     return out

@@ -32,6 +32,11 @@ REQUEST_COLUMNS = [
 ]
 
 
+# List columns of the steps table: request ids scheduled in the step (batch order), the new tokens each
+# got, the ids that were prefilling (prompt chunks, recomputation after preemption) and those preempted.
+STEP_ID_COLUMNS = ("scheduled_ids", "scheduled_tokens", "prefill_ids", "preempted_ids")
+
+
 def request_row(spec, arrival_time: float) -> dict:
     """A sent request's row before anything came back (times None, counts 0)."""
     meta = spec.meta or {}
@@ -135,6 +140,8 @@ class Recorder:
         for name in ("num_spec_tokens", "num_accepted_tokens", "grammar_time_s"):
             if hasattr(stats, name):
                 row[name] = getattr(stats, name)
+        for name in STEP_ID_COLUMNS:  # who ran and who was preempted (list columns; experiments.compare)
+            row[name] = getattr(stats, name, None) or []
         row.update(kv_fields(stats.kv))
         self.steps.append(row)
         for listener in self.listeners:

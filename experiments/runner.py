@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
+from experiments.aggregate import config_id
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
 from experiments.recorder import Recorder
 from experiments.replay import MODES, Replay
@@ -54,6 +55,7 @@ SWEEP_COLUMNS = (
     "replay.name",
     "replay.concurrency",
     "seed",
+    "trace.seed",
 )
 
 
@@ -210,7 +212,12 @@ def trace_vocab_size(engine) -> int:
 
 
 def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
-    """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json)."""
+    """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json).
+    With replay.repeats > 1: each repeat in run_dir/repeat<i>/ (experiments.repeats)."""
+    from experiments.repeats import repeat_count, run_repeats
+
+    if repeat_count(cfg) > 1 and config_value(cfg, "replay.repeat") is None:
+        return run_repeats(cfg, run_dir, engine)
     trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:
         raise ValueError(
@@ -315,6 +322,10 @@ def replay_specs(
                 "end_time": end,
                 "slo": slo,
                 "percentiles": percentiles,
+                # which configuration this run repeats, and with which seeds (experiments.aggregate)
+                "config_id": config_id(resolved),
+                "repeat": config_value(cfg, "replay.repeat") or 0,
+                "seed": config_value(cfg, "seed"),
             }
         )
         summary.update(spec_summary(engine))

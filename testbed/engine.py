@@ -3,7 +3,8 @@ One process, no Hydra. Every part is built here once, in order, with what it nee
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 
 import torch
 
@@ -30,6 +31,8 @@ from testbed.validation import check_kv_cache_fits, check_request_types
 
 logger = logging.getLogger(__name__)
 
+_request_id = attrgetter("request_id")
+
 
 @dataclass
 class StepStats:
@@ -44,6 +47,13 @@ class StepStats:
     num_running: int
     kv: KVCacheStats
     grammar_time_s: float = 0.0  # structured output's share of the step (grammar masks, matcher updates)
+    # who ran (for explaining latency differences, experiments.compare): ids in batch order, the tokens
+    # each got, those that were prefilling (a prompt chunk, or recomputation after a preemption), and
+    # the requests preempted in this step
+    scheduled_ids: list[str] = field(default_factory=list)
+    scheduled_tokens: list[int] = field(default_factory=list)
+    prefill_ids: list[str] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -279,6 +289,17 @@ class Engine:
 
     def _record_step(self, start: float, sched: SchedulerOutput) -> None:
         self.step_count += 1
+        # prefilling: not yet at the last known token when scheduled (the scheduler's own decode test);
+        # a pure decode step has none, and skips the scan
+        prefill_ids = (
+            [
+                r.request_id
+                for r, c, k in zip(sched.requests, sched.num_computed_tokens, sched.num_known_tokens)
+                if c < k - 1
+            ]
+            if sched.num_prefill_tokens
+            else []
+        )
         scheduler = self.scheduler
         kv = self.kv.running_stats(
             scheduler.running, scheduler.running_computed_tokens, self.max_model_len, scheduler.blocked_request
@@ -295,6 +316,10 @@ class Engine:
             scheduler.num_running,
             kv,
             self.sampler.take_grammar_time(),
+            list(map(_request_id, sched.requests)),
+            sched.num_new_tokens,
+            prefill_ids,
+            list(map(_request_id, sched.preempted)) if sched.preempted else [],
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)

@@ -130,7 +130,9 @@ def table(run_dirs: list[Path]) -> str:
         for summary_file in sorted(Path(d).glob("*/summary.json")):
             s = json.loads(summary_file.read_text())
             s.setdefault("spec_method", "none")
-            s["per_position"] = " ".join(f"{x:.2f}" for x in s.get("spec_per_position_acceptance", []))
+            # P(draft j accepted | draft j verified); older summaries name it spec_per_position_acceptance
+            per_position = s.get("spec_per_position_conditional_acceptance", s.get("spec_per_position_acceptance"))
+            s["per_position"] = " ".join("-" if x is None else f"{x:.2f}" for x in per_position or [])
             cfg = summary_file.parent / "config.yaml"
             s["spec_cfg"] = ""
             if cfg.exists():

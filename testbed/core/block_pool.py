@@ -2,6 +2,10 @@
 
 Invariant: a block is in the free queue iff its ref count is 0. A freed block keeps its hash (and
 stays hittable) until it is handed out again, which is when it leaves the hash map.
+
+Duplicates: two requests that compute the same prefix at the same time each fill a block with the same
+hash. As in vLLM v1 (BlockHashToBlockMap), both stay hittable: a lookup returns the first one cached,
+and when that one is evicted the next takes its place, so every block counted as cached can be hit.
 """
 
 from collections.abc import Iterable
@@ -78,7 +82,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = make_free_queue(eviction, self.blocks)  # eviction order (testbed.core.eviction)
-        self.hash_to_block: dict[int, KVCacheBlock] = {}
+        self.hash_to_block: dict[int, KVCacheBlock] = {}  # the block a lookup of the hash returns
+        self.duplicates: dict[int, list[KVCacheBlock]] = {}  # further blocks with that hash, in caching order
         self.num_cached_free = 0  # free blocks that still hold a cached prefix
         self.num_evictions = 0
 
@@ -108,10 +113,23 @@ class BlockPool:
             return
         self.num_cached_free -= 1
         self.num_evictions += 1
-        if self.hash_to_block.get(block.block_hash) is block:
-            del self.hash_to_block[block.block_hash]
+        self._unmap(block)
         block.block_hash = None
         block.hit_count = 0
+
+    def _unmap(self, block: KVCacheBlock) -> None:
+        """Take a block out of the hash map; a duplicate with the same hash takes its place."""
+        h = block.block_hash
+        dups = self.duplicates.get(h)
+        if self.hash_to_block.get(h) is block:
+            if dups:
+                self.hash_to_block[h] = dups.pop(0)
+            else:
+                del self.hash_to_block[h]
+        elif dups is not None:
+            dups.remove(block)
+        if dups is not None and not dups:
+            del self.duplicates[h]
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones out of the free queue."""
@@ -136,16 +154,18 @@ class BlockPool:
                     self.num_cached_free += 1
 
     def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
-        """Register a newly full block under its chained hash (first writer wins on duplicates)."""
+        """Register a newly full block under its chained hash (a duplicate stays hittable, see above)."""
         if not self.enable_caching or block.block_hash is not None:
             return
         block.block_hash = block_hash
-        self.hash_to_block.setdefault(block_hash, block)
+        first = self.hash_to_block.setdefault(block_hash, block)
+        if first is not block:
+            self.duplicates.setdefault(block_hash, []).append(block)
 
     def uncache_block(self, block: KVCacheBlock) -> None:
         """Forget a held block's hash (its content is about to be overwritten, e.g. a rejected draft)."""
-        if block.block_hash is not None and self.hash_to_block.get(block.block_hash) is block:
-            del self.hash_to_block[block.block_hash]
+        if block.block_hash is not None:
+            self._unmap(block)
         block.block_hash = None
 
     def check_invariants(self) -> None:
@@ -160,5 +180,13 @@ class BlockPool:
             assert (block.ref_cnt == 0) == (block.block_id in in_queue), block
         for h, block in self.hash_to_block.items():
             assert block.block_hash == h, (h, block)
+        mapped = [b.block_id for b in self.hash_to_block.values()]
+        for h, dups in self.duplicates.items():
+            assert dups and h in self.hash_to_block, (h, dups)
+            assert all(b.block_hash == h for b in dups), (h, dups)
+            mapped += [b.block_id for b in dups]
+        assert len(mapped) == len(set(mapped)), "a block is mapped twice"
+        hashed = sorted(b.block_id for b in self.blocks if b.block_hash is not None)
+        assert sorted(mapped) == hashed, "every hashed block is hittable (in the map), and only those"
         cached_free = sum(1 for b in self.blocks if b.ref_cnt == 0 and b.block_hash is not None)
         assert cached_free == self.num_cached_free, (cached_free, self.num_cached_free)

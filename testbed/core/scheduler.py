@@ -140,6 +140,7 @@ class Scheduler:
         admitted after, unless the step preempted. The output carries the step's block-table changes,
         swap copies and finished ids forward to the executor; an empty output keeps them for the next."""
         now = self.clock()
+        self.policy.begin_step(now)  # the step's ordering is decided here, once, before any sort or insert
         if self.policy.time_dependent:
             key = self.policy.key
             self.waiting.sort(key=lambda r: key(r, now))

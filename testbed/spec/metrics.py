@@ -1,5 +1,14 @@
-"""Counters of speculative decoding, summed over the engine's life."""
+"""Counters of speculative decoding, summed over the engine's life.
 
+Definitions follow vLLM v1 (vllm/v1/spec_decode/metrics.py): a *verification* (vLLM: a "draft") is one
+request scheduled with >= 1 draft token; acceptance rate = accepted / drafted tokens; mean acceptance
+length = (accepted + verifications) / verifications; per-position acceptance rate at position j =
+verifications whose draft j was accepted / all verifications (unconditional: it falls with j because a
+draft is only accepted after every earlier one was). We add the conditional rate, accepted at j / drafted
+at j ("given a draft reached position j, how often it was right"), NaN where nothing was drafted.
+"""
+
+import math
 from dataclasses import dataclass, field
 
 
@@ -41,6 +50,12 @@ class SpecMetrics:
         """Tokens emitted per verification (accepted drafts + 1), vLLM's 'mean acceptance length'."""
         return self.num_emitted_tokens / self.num_drafts if self.num_drafts else 0.0
 
+    def per_position_acceptance_rate(self) -> list[float]:
+        """vLLM's per-position acceptance rate: accepted at position j / verifications; NaN at positions
+        never drafted (and everywhere before the first verification)."""
+        n = self.num_drafts
+        return [a / n if n and d else math.nan for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
     def as_dict(self) -> dict:
         return {
             "method": self.method,
@@ -52,8 +67,11 @@ class SpecMetrics:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "mean_accepted_drafts": self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
-            "per_position_acceptance": [
-                a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)
+            "per_position_acceptance_rate": self.per_position_acceptance_rate(),
+            "per_position_conditional_acceptance": [
+                a / d if d else math.nan for a, d in zip(self.accepted_per_position, self.drafted_per_position)
             ],
+            "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
             "propose_time_s": self.propose_time_s,
         }

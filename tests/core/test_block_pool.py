@@ -117,3 +117,26 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_duplicate_full_blocks_stay_hittable():
+    """Two requests computing the same prompt at once each fill blocks with the same hashes. Both copies are
+    counted as cached, so both must be hittable: after the first copy is evicted, the second serves hits
+    (vLLM v1 keeps duplicates in its hash map; first-writer-wins left the second unreachable)."""
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    prompt = list(range(10, 19))  # 9 tokens: 2 full blocks + 1 token
+    r1, r2 = (Request(rid, prompt, SamplingParams()) for rid in ("r1", "r2"))
+    assert kv.get_computed_blocks(r1)[1] == kv.get_computed_blocks(r2)[1] == 0  # both looked up: no hit yet
+    kv.allocate_slots(r1, len(prompt))
+    kv.allocate_slots(r2, len(prompt))
+    r2_full_blocks = kv.get_block_ids("r2")[:2]
+    kv.free(r1)  # r1's copies join the free queue first, so they are evicted first
+    kv.free(r2)
+    assert kv.pool.num_cached_free == 4
+    filler = Request("filler", list(range(100, 120)), SamplingParams())
+    kv.allocate_slots(filler, 20)  # 5 blocks: the 2 never used and all 3 of r1's
+    assert kv.pool.num_cached_free == 2  # r2's two full blocks
+    kv.pool.check_invariants()
+    r3 = Request("r3", prompt, SamplingParams())
+    blocks, num_hit = kv.get_computed_blocks(r3)
+    assert num_hit == 8 and [b.block_id for b in blocks] == r2_full_blocks

@@ -119,7 +119,7 @@ def test_draft_kv_stays_in_step():
     for mode in ("preempt_prefix", "small_budget"):
         a = _run(SPECS["layerskip"], waves=2, **MODES[mode])[1].spec_stats
         b = _run(SPECS["draft"], waves=2, **MODES[mode])[1].spec_stats
-        for key in ("proposed", "drafted", "accepted", "per_position_acceptance"):
+        for key in ("proposed", "drafted", "accepted", "drafted_per_position", "accepted_per_position"):
             assert a[key] == b[key], (mode, key)
     # a draft identical to the target is always right (up to float ties): its KV is never stale
     outs, engine, _ = _run(

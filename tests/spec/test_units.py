@@ -1,5 +1,7 @@
 """Speculative decoding pieces in isolation: config, n-gram lookup, verification, rejection sampling."""
 
+import math
+
 import pytest
 import torch
 
@@ -80,7 +82,22 @@ def test_metrics_counts():
     assert (d["verifications"], d["drafted"], d["accepted"]) == (3, 8, 4)
     assert d["acceptance_rate"] == pytest.approx(0.5)
     assert d["mean_accepted_length"] == pytest.approx((4 + 2 + 1) / 3)
-    assert d["per_position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 1 / 2])
+    # vLLM's definition: accepted at position j / verifications
+    assert d["per_position_acceptance_rate"] == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    assert d["per_position_conditional_acceptance"] == pytest.approx([2 / 3, 1 / 3, 1 / 2])
+
+
+def test_per_position_acceptance_is_nan_where_never_drafted():
+    """A position no draft reached has no acceptance rate (not 0.0, which would read as all rejected)."""
+    m = SpecMetrics("ngram", 4)
+    assert all(math.isnan(x) for x in m.as_dict()["per_position_acceptance_rate"])  # nothing verified yet
+    m.record(2, 1)
+    m.record(1, 1)
+    d = m.as_dict()
+    assert d["per_position_acceptance_rate"][:2] == pytest.approx([1.0, 0.0])
+    assert d["per_position_conditional_acceptance"][:2] == pytest.approx([1.0, 0.0])
+    for key in ("per_position_acceptance_rate", "per_position_conditional_acceptance"):
+        assert all(math.isnan(x) for x in d[key][2:]), key
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["draft_probs", "one_hot"])

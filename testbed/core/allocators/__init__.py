@@ -11,6 +11,10 @@ ALLOCATORS = {
     "static_max": "testbed.core.allocators.contiguous:StaticMaxAllocator",
     "static_pow2": "testbed.core.allocators.contiguous:StaticPow2Allocator",
     "static_oracle": "testbed.core.allocators.contiguous:StaticOracleAllocator",
+    "static_pow2_total": "testbed.core.allocators.contiguous:StaticPow2TotalAllocator",
+    "static_max_buddy": "testbed.core.allocators.contiguous:StaticMaxBuddyAllocator",
+    "static_pow2_buddy": "testbed.core.allocators.contiguous:StaticPow2BuddyAllocator",
+    "static_oracle_buddy": "testbed.core.allocators.contiguous:StaticOracleBuddyAllocator",
 }
 
 

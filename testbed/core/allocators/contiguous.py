@@ -1,21 +1,32 @@
-"""Static contiguous KV allocators: the Orca-style baselines of the vLLM paper (Fig. 2).
+"""Static contiguous KV allocators: the Orca baselines of the vLLM paper (Kwon et al., SOSP 2023, Sec. 6.1
+and Fig. 2).
 
 At its first allocation a request reserves one contiguous run of blocks for its whole life, sized by
-the variant, placed first-fit in address order, and keeps it until it finishes or is preempted:
+the variant, and keeps it until it finishes or is preempted:
 
-    static_max     max_model_len tokens
-    static_pow2    the next power of two of its final length (capped at max_model_len)
-    static_oracle  exactly its final length
+    static_max         max_model_len tokens                                    (the paper's Orca (Max))
+    static_pow2        prompt + the next power of two of its output length: the output is over-reserved
+                       by less than 2x                                         (the paper's Orca (Pow2))
+    static_oracle      exactly its final length, prompt + output               (the paper's Orca (Oracle))
+    static_pow2_total  the next power of two of prompt + output (an earlier reading of "Pow2", kept as a
+                       named variant: it over-reserves the prompt too)
 
-Holes between runs are real, so external fragmentation is real. No prefix caching (nothing is
-shared), and a running request never needs more memory, so it is never preempted for memory.
-With block_size=1 the reservation is exact to the token; larger blocks round it up.
+Each is capped at max_model_len. Placement (testbed.core.allocators.placement) is first fit in address
+order by default; the `*_buddy` variants place runs with a binary buddy system, as the paper assumes for
+Orca, which rounds every run up to a power of two of blocks (the rounding is held beyond the final
+length, so the accounting counts it as internal fragmentation). Holes between runs are real, so
+external fragmentation is real. No prefix caching (nothing is shared), and a running request never
+needs more memory, so it is never preempted for memory. With block_size=1 the reservation is exact to
+the token; larger blocks round it up.
 """
 
-import bisect
-
 from testbed.core.allocators.base import KVAllocator, final_length
+from testbed.core.allocators.placement import PLACEMENTS
 from testbed.request import Request
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 class _Unit:
@@ -29,7 +40,8 @@ class _Unit:
 
 class ContiguousAllocator(KVAllocator):
     name = "static"
-    reserve = "max"
+    reserve = "max"  # max | pow2 | oracle | pow2_total
+    placement = "first_fit"  # first_fit | buddy
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, **_ignored):
         if num_blocks < 1 or block_size < 1:
@@ -37,27 +49,40 @@ class ContiguousAllocator(KVAllocator):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.holes: list[list[int]] = [[0, num_blocks]]  # [start, length], sorted by start, coalesced
+        self.space = PLACEMENTS[self.placement](num_blocks)
         self.runs: dict[str, tuple[int, int]] = {}  # request id -> (start, length)
         self._units = [_Unit(i) for i in range(num_blocks)]
         self.req_blocks: dict[str, list[_Unit]] = {}  # request id -> its run, as block objects
         self._ids: dict[str, list[int]] = {}
-        self._num_free = num_blocks
         self._init_counters()
 
     # ---- sizing -------------------------------------------------------------------------------------
-    def reservation_tokens(self, final_len: int) -> int:
+    def reservation_tokens(self, prompt_len: int, final_len: int) -> int:
+        """Token slots the variant reserves for a request of this prompt and final length."""
         if self.reserve == "max":
-            return self.max_model_len
-        if self.reserve == "pow2":
-            return min(1 << max(final_len - 1, 0).bit_length(), self.max_model_len)
-        return final_len
+            tokens = self.max_model_len
+        elif self.reserve == "pow2":
+            tokens = prompt_len + next_pow2(final_len - prompt_len)
+        elif self.reserve == "pow2_total":
+            tokens = next_pow2(final_len)
+        else:
+            tokens = final_len
+        return max(min(tokens, self.max_model_len), final_len)
+
+    def _run_blocks(self, prompt_len: int, final_len: int) -> int:
+        """Blocks the request's run takes: its reservation in blocks, as the placement hands them out."""
+        return self.space.held_length(self.blocks_needed(self.reservation_tokens(prompt_len, final_len)))
 
     def blocks_for_request(self, final_len: int) -> int:
-        return self.blocks_needed(max(self.reservation_tokens(final_len), final_len))
+        """The most blocks any request of this final length can take (its prompt length unknown here:
+        for static_pow2 the worst split, an output just past a power of two)."""
+        if self.reserve != "pow2":
+            return self._run_blocks(final_len, final_len)
+        outputs = {final_len - 1} | {(1 << k) + 1 for k in range(final_len.bit_length()) if (1 << k) + 1 < final_len}
+        return max(self._run_blocks(final_len - o, final_len) for o in outputs if o >= 1) if final_len > 1 else 1
 
     def _reservation(self, request: Request) -> int:
-        return self.blocks_for_request(final_length(request, self.max_model_len))
+        return self._run_blocks(request.num_prompt_tokens, final_length(request, self.max_model_len))
 
     def contiguous_need(self, request: Request) -> int:
         return 0 if request.request_id in self.runs else self._reservation(request)
@@ -69,13 +94,7 @@ class ContiguousAllocator(KVAllocator):
         if run is not None:
             return 0 if self.blocks_needed(total) <= run[1] else None
         need = max(self._reservation(request), self.blocks_needed(total))
-        return need if self._first_fit(need) is not None else None
-
-    def _first_fit(self, need: int) -> int | None:
-        for i, (_, length) in enumerate(self.holes):
-            if length >= need:
-                return i
-        return None
+        return need if self.space.fits(need) else None
 
     def allocate_slots(
         self, request, num_new_tokens, computed_blocks=(), num_lookahead_tokens=0, num_tokens_to_cache=None
@@ -85,18 +104,11 @@ class ContiguousAllocator(KVAllocator):
             return None
         if request.request_id in self.runs:
             return []
-        i = self._first_fit(need)
-        start = self.holes[i][0]
-        if self.holes[i][1] == need:
-            del self.holes[i]
-        else:
-            self.holes[i][0] += need
-            self.holes[i][1] -= need
-        self.runs[request.request_id] = (start, need)
-        self._ids[request.request_id] = ids = list(range(start, start + need))
-        self.req_blocks[request.request_id] = self._units[start : start + need]
+        start, length = self.space.take(need)
+        self.runs[request.request_id] = (start, length)
+        self._ids[request.request_id] = ids = list(range(start, start + length))
+        self.req_blocks[request.request_id] = self._units[start : start + length]
         self._changed(request.request_id, 0)
-        self._num_free -= need
         return ids
 
     def free(self, request: Request) -> None:
@@ -106,14 +118,7 @@ class ContiguousAllocator(KVAllocator):
         del self._ids[request.request_id]
         del self.req_blocks[request.request_id]
         self._block_changes.pop(request.request_id, None)
-        start, length = run
-        self._num_free += length
-        i = bisect.bisect_left(self.holes, [start, 0])
-        self.holes.insert(i, [start, length])
-        if i + 1 < len(self.holes) and start + length == self.holes[i + 1][0]:  # merge right
-            self.holes[i][1] += self.holes.pop(i + 1)[1]
-        if i > 0 and self.holes[i - 1][0] + self.holes[i - 1][1] == start:  # merge left
-            self.holes[i - 1][1] += self.holes.pop(i)[1]
+        self.space.give(*run)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return self._ids.get(request_id, [])
@@ -121,24 +126,28 @@ class ContiguousAllocator(KVAllocator):
     # ---- accounting queries -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return self._num_free
+        return self.space.num_free
+
+    @property
+    def holes(self) -> list[tuple[int, int]]:
+        """Free pieces as (start, length), by address."""
+        return self.space.free_spans()
 
     def num_held_blocks(self, request_id: str) -> int:
         run = self.runs.get(request_id)
         return run[1] if run else 0
 
     def free_runs(self) -> list[int]:
-        return [length for _, length in self.holes]
+        return self.space.free_runs()
 
     def check_invariants(self) -> None:
+        self.space.check_invariants()
         spans = sorted([(s, n, "hole") for s, n in self.holes] + [(s, n, r) for r, (s, n) in self.runs.items()])
         pos = 0
         for start, length, _ in spans:
             assert start == pos and length > 0, spans
             pos += length
         assert pos == self.num_blocks, spans
-        assert all(a[0] + a[1] < b[0] for a, b in zip(self.holes, self.holes[1:])), self.holes
-        assert self._num_free == sum(n for _, n in self.holes)
 
 
 class StaticMaxAllocator(ContiguousAllocator):
@@ -151,3 +160,19 @@ class StaticPow2Allocator(ContiguousAllocator):
 
 class StaticOracleAllocator(ContiguousAllocator):
     name, reserve = "static_oracle", "oracle"
+
+
+class StaticPow2TotalAllocator(ContiguousAllocator):
+    name, reserve = "static_pow2_total", "pow2_total"
+
+
+class StaticMaxBuddyAllocator(ContiguousAllocator):
+    name, reserve, placement = "static_max_buddy", "max", "buddy"
+
+
+class StaticPow2BuddyAllocator(ContiguousAllocator):
+    name, reserve, placement = "static_pow2_buddy", "pow2", "buddy"
+
+
+class StaticOracleBuddyAllocator(ContiguousAllocator):
+    name, reserve, placement = "static_oracle_buddy", "oracle", "buddy"

@@ -2,7 +2,12 @@
 
 The scheduler (testbed.core.scheduler) is the one mechanism; a policy answers its questions:
 
-    key(request, now)                         order of both queues (smaller first)
+    begin_step(now)                           once per step, before the queues are sorted: decide what
+                                              this step's keys depend on (e.g. LPM's fallback to arrival
+                                              order, MLFQ's starvation promotions)
+    key(request, now)                         order of both queues (smaller first); must not read the
+                                              queues themselves (CPython shows a list being sorted as
+                                              empty), and is the same key insertions use within the step
     choose_victim(candidates, now)            which running request to preempt when memory runs out
     should_preempt_for(waiting, running, now) which running request the first waiting one may displace
                                               when it cannot start (no seat or no memory)
@@ -27,6 +32,9 @@ class SchedulingPolicy:
 
     def attach(self, scheduler) -> None:
         """Called once by the scheduler that uses this policy."""
+
+    def begin_step(self, now: float) -> None:
+        """Called at the start of every step, before the queues are sorted."""
 
     def key(self, request: Request, now: float):
         """Smaller key = served first. Must be total (ties broken by arrival order)."""

@@ -2,10 +2,12 @@ from testbed.core.policies.base import SchedulingPolicy
 
 
 class SarathiPolicy(SchedulingPolicy):
-    """Sarathi-Serve stall-free batching: every step first gives each running decode its token, then
-    fills what is left of a fixed token budget with prefill chunks (running ones first, then new
-    requests, by arrival). A decode never waits behind a prefill chunk and a step never exceeds the
-    budget (at most the engine's max_num_batched_tokens); memory victims are taken among prefills first."""
+    """Sarathi-Serve stall-free batching (Agrawal et al., OSDI 2024): every step first gives each running
+    decode its token, then fills what is left of a fixed token budget with prefill chunks (running ones
+    first, then new requests, by arrival). A decode never waits behind a prefill chunk and a step never
+    exceeds the budget (at most the engine's max_num_batched_tokens); memory victims are taken among
+    prefills first. Deviation: the budget is a fixed token count (Sarathi-Serve derives it from a profiled
+    TBT SLO)."""
 
     name = "sarathi"
     time_dependent = True  # a request's phase (prefill -> decode) changes its rank

@@ -21,21 +21,75 @@ def req(rid, prompt_len, max_tokens):
 
 
 def test_registry_and_reservation_sizes():
-    assert set(ALLOCATORS) == {"paged", "static_max", "static_pow2", "static_oracle"}
+    assert set(ALLOCATORS) == {
+        "paged",
+        *(f"static_{v}" for v in ("max", "pow2", "oracle", "pow2_total")),
+        *(f"static_{v}_buddy" for v in ("max", "pow2", "oracle")),
+    }
     r = req("a", 100, 50)  # final length 150
     assert final_length(r, 1000) == 150 and final_length(req("b", 990, 50), 1000) == 1000
     sizes = {}
-    for name in ("static_max", "static_pow2", "static_oracle"):
+    for name in ALLOCATORS:
+        if name == "paged":
+            continue
         kv = get_allocator(name, 4096, 1, max_model_len=1000)
         assert kv.allocate_slots(r, 100) is not None
         sizes[name] = kv.num_held_blocks("a")
         assert kv.allocate_slots(r, 49) == []  # growth stays inside the reservation
-    assert sizes == {"static_max": 1000, "static_pow2": 256, "static_oracle": 150}
+    # Orca (Pow2) as in the vLLM paper: prompt + pow2(output) = 100 + 64; the buddy system rounds every
+    # run up to a power of two of blocks
+    assert sizes == {
+        "static_max": 1000,
+        "static_pow2": 164,
+        "static_oracle": 150,
+        "static_pow2_total": 256,
+        "static_max_buddy": 1024,
+        "static_pow2_buddy": 256,
+        "static_oracle_buddy": 256,
+    }
     kv = get_allocator("static_oracle", 4096, 16, max_model_len=1000)
     kv.allocate_slots(r, 100)
     assert kv.num_held_blocks("a") == 10  # rounded up to blocks of 16
     with pytest.raises(ValueError, match="unknown cache"):
         get_allocator("buddy", 4, 1, max_model_len=8)
+
+
+def test_pow2_over_reserves_the_output_by_less_than_twice():
+    """The paper's rule bounds the waste by the output length: reserved - final < output, for every split
+    (the old pow2(prompt + output) rule wastes up to the whole prompt + output, e.g. 1,000 + 25 -> 2,048)."""
+    kv = get_allocator("static_pow2", 8192, 1, max_model_len=4096)
+    old = get_allocator("static_pow2_total", 8192, 1, max_model_len=4096)
+    assert kv.reservation_tokens(1000, 1025) == 1032 and old.reservation_tokens(1000, 1025) == 2048
+    for prompt in (1, 7, 100, 1000):
+        for output in (1, 2, 3, 64, 65, 338, 1000):
+            reserved = kv.reservation_tokens(prompt, prompt + output)
+            assert prompt + output <= reserved < prompt + 2 * output or output == 1
+            # a request of this final length never takes more than blocks_for_request says (validation)
+            assert reserved <= kv.blocks_for_request(prompt + output)
+    assert kv.reservation_tokens(4000, 4090) == 4096  # capped at max_model_len
+
+
+def test_buddy_placement_splits_and_merges():
+    kv = get_allocator("static_oracle_buddy", 16, 1, max_model_len=16)
+    a, b, c = req("a", 2, 1), req("b", 4, 1), req("c", 2, 1)  # runs of 4, 8, 4
+    for r in (a, b, c):
+        kv.allocate_slots(r, r.num_prompt_tokens)
+    assert [kv.runs[x.request_id] for x in (a, b, c)] == [(0, 4), (8, 8), (4, 4)]  # aligned to their size
+    assert kv.num_free_blocks == 0
+    kv.free(a)
+    kv.free(b)  # [0, 4) and [8, 16) are free, but not buddies of one another: no run of 8 at 0
+    assert sorted(kv.free_runs()) == [4, 8]
+    kv.check_invariants()
+    d = req("d", 9, 1)  # needs 16 in one piece: 12 free, but in pieces of 4 and 8
+    assert kv.allocate_slots(d, 9) is None and kv.stats({}, {}, blocked=d).external_slots == 12
+    kv.free(c)  # its buddy [0, 4) is free: [0, 8), then with [8, 16): the whole pool again
+    assert kv.free_runs() == [16]
+    assert kv.allocate_slots(d, 9) is not None
+    kv.check_invariants()
+    odd = get_allocator("static_oracle_buddy", 12, 1, max_model_len=16)  # a tree of 8 and one of 4
+    assert sorted(odd.free_runs()) == [4, 8] and odd.blocks_for_request(7) == 8
+    assert odd.allocate_slots(req("e", 5, 3), 5) is not None and odd.runs["e"] == (0, 8)
+    assert odd.allocate_slots(req("f", 5, 4), 5) is None  # 9 -> 16: larger than either tree
 
 
 def test_first_fit_placement_and_coalescing():
@@ -59,7 +113,8 @@ def test_first_fit_placement_and_coalescing():
 class ContiguousMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.kv = get_allocator(random.choice(["static_max", "static_pow2", "static_oracle"]), 64, 2, max_model_len=40)
+        names = sorted(n for n in ALLOCATORS if n != "paged")
+        self.kv = get_allocator(random.choice(names), 64, 2, max_model_len=40)
         self.live = {}
         self.n = 0
 

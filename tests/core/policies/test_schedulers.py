@@ -18,7 +18,7 @@ def test_registry_has_every_policy():
 # ---- sjf --------------------------------------------------------------------------------------------
 def test_sjf_finishes_short_job_before_earlier_long_one():
     for policy, order in [("fcfs", ["busy", "long", "short"]), ("sjf", ["busy", "short", "long"])]:
-        s = Sim(policy, max_num_seqs=1)
+        s = Sim(policy, max_num_seqs=1, **({"aging": 0.0} if policy == "sjf" else {}))
         s.add("busy", 8, max_tokens=10, at=0.0)  # holds the only seat while both others queue
         s.add("long", 8, max_tokens=40, at=1.0)
         s.add("short", 8, max_tokens=3, at=2.0)
@@ -27,7 +27,7 @@ def test_sjf_finishes_short_job_before_earlier_long_one():
 
 
 def test_sjf_by_prompt_length():
-    s = Sim("sjf", max_num_seqs=1, by="prompt")
+    s = Sim("sjf", max_num_seqs=1, by="prompt", aging=0.0)
     s.add("long_prompt", 60, max_tokens=2)
     s.add("short_prompt", 5, max_tokens=30)
     s.run()
@@ -49,9 +49,40 @@ def test_sjf_aging_prevents_starvation():
     assert finish_step_of_long(5.0) < 10  # aged past the short ones within a few seconds
 
 
+def test_sjf_default_aging_bounds_starvation():
+    """SJF's default must not starve long requests under load (pure SJF, aging 0, did: the long job ran
+    only after a stream of 60 short ones)."""
+    from testbed.core.policies.sjf import SJFPolicy
+
+    assert SJFPolicy().aging > 0
+
+    def long_job_ttft(**options):
+        s = Sim("sjf", max_num_seqs=1, num_blocks=256, **options)
+        long = s.add("long", 4, max_tokens=400, at=0.0)
+        s.add("busy", 4, max_tokens=3, at=0.0)
+        for i in range(60):  # a short job every 3 s, each holding the seat for ~3 steps: a queue builds
+            s.add(f"s{i}", 4, max_tokens=4, at=1.0 + 3 * i)
+        s.run()
+        return long.first_token_time - long.arrival_time
+
+    assert long_job_ttft(aging=0.0) > 150
+    assert long_job_ttft() < 10  # default aging: 400 - 4 tokens forgiven within ~4 s
+
+
+def test_sjf_aging_order_is_static():
+    """size - aging * waited orders requests like size + aging * arrival: no per-step re-sort needed."""
+    p = get_policy("sjf", aging=10.0)
+    assert not p.time_dependent
+    s = Sim()
+    a, b = s.add("a", 4, max_tokens=100, at=0.0), s.add("b", 4, max_tokens=50, at=6.0)
+    assert p.key(a, 6.0) < p.key(b, 6.0)  # 100 - 60 < 50 - 0
+    c = s.add("c", 4, max_tokens=50, at=4.0)
+    assert p.key(c, 6.0) < p.key(a, 6.0)  # 50 - 20 < 100 - 60
+
+
 # ---- priority ----------------------------------------------------------------------------------------
 def test_priority_preempts_lower_priority_running_request():
-    s = Sim("priority", max_num_seqs=1)
+    s = Sim("priority", max_num_seqs=1, preemption="waiting")
     low = s.add("low", 8, max_tokens=30, at=0.0, priority=1)
     s.add("high", 8, max_tokens=5, at=3.0, priority=0)
     s.run()
@@ -62,9 +93,11 @@ def test_priority_preempts_lower_priority_running_request():
     assert preempting[0]["ids"] == ["high"]  # the high one runs in the very step it preempts
 
 
-def test_priority_memory_victim_is_lowest_priority():
+@pytest.mark.parametrize("preemption", ["memory", "waiting"])
+def test_priority_memory_victim_is_lowest_priority(preemption):
     for policy, victim in [("priority", "lo_first"), ("fcfs", "hi_second")]:  # fcfs: the latest arrival
-        s = Sim(policy, num_blocks=12, block_size=4)
+        opts = {"preemption": preemption} if policy == "priority" else {}
+        s = Sim(policy, num_blocks=12, block_size=4, **opts)
         s.add("lo_first", 8, max_tokens=20, at=0.0, priority=5)
         s.add("hi_second", 8, max_tokens=20, at=0.5, priority=0)
         s.run()
@@ -72,8 +105,15 @@ def test_priority_memory_victim_is_lowest_priority():
         assert preempted == {victim}, (policy, preempted)
 
 
-def test_priority_without_preemption_and_fcfs_never_preempt_for_waiting():
-    for policy, opts in [("fcfs", {}), ("priority", {"preempt": False})]:
+def test_priority_default_is_vllm_v1_memory_only_preemption():
+    """vLLM v1 preempts only when a running request's memory allocation fails; v0 (preemption=waiting) also
+    frees a seat for a higher-priority waiting request. The default is v1's."""
+    from testbed.core.policies.priority import PriorityPolicy
+
+    assert PriorityPolicy().preemption == "memory"
+    with pytest.raises(ValueError, match="preemption"):
+        get_policy("priority", preemption="always")
+    for policy, opts in [("fcfs", {}), ("priority", {}), ("priority", {"preemption": "memory"})]:
         s = Sim(policy, max_num_seqs=1, **opts)
         low = s.add("low", 8, max_tokens=30, at=0.0, priority=1)
         s.add("high", 8, max_tokens=5, at=3.0, priority=0)
@@ -146,6 +186,29 @@ def test_mlfq_demotes_long_job_and_new_short_job_preempts_it():
         assert t.run().finish_order == ["long", "short"]
 
 
+def _mlfq_long_job_finish(**options):
+    """One seat; a 64-token job at t=0, then a short job every 2 s (each needs 3 steps: overload)."""
+    s = Sim("mlfq", max_num_seqs=1, base_quantum=2, **options)
+    s.add("long", 8, max_tokens=64, at=0.0)
+    for i in range(150):
+        s.add(f"s{i}", 8, max_tokens=3, at=1.0 + 2 * i)
+    s.run()
+    return s.finish_order.index("long"), s.sched.policy
+
+
+def test_mlfq_promotes_starving_jobs():
+    """FastServe promotes a job that waited past a starvation limit to the top queue; without promotion the
+    demoted long job waits for the whole stream of short jobs (it finished last, after 150 of them)."""
+    starved, _ = _mlfq_long_job_finish(starve_limit_s=None)
+    assert starved == 150
+    promoted, policy = _mlfq_long_job_finish(starve_limit_s=10.0)
+    assert promoted < 120 and policy.num_promotions > 0, promoted  # done while the stream still runs
+    assert _mlfq_long_job_finish(starve_limit_s=5.0)[0] < promoted  # a shorter limit: sooner
+    assert get_policy("mlfq").starve_limit_s is not None  # on by default
+    with pytest.raises(ValueError, match="starve_limit_s"):
+        get_policy("mlfq", starve_limit_s=0)
+
+
 def test_mlfq_orders_running_by_level():
     s = Sim("mlfq", budget=3, base_quantum=2)
     s.add("old", 4, max_tokens=40, at=0.0)
@@ -185,8 +248,51 @@ def test_lpm_key_prefers_longer_match_and_falls_back_to_arrival():
     policy = s.sched.policy
     keys = {r.request_id: policy.key(r, 0) for r in (a, b)}
     assert keys["b"] < keys["a"]
-    s.sched.add_request(c)  # three waiting > max_queue: arrival order
+    s.sched.add_request(c)  # three waiting > max_queue: arrival order from the next step on
+    policy.begin_step(0)
     assert policy.key(a, 0) < policy.key(b, 0) < policy.key(c, 0)
+
+
+def _lpm_queue(n_warm, max_queue):
+    """A cached prefix, then one cold request and n_warm later ones sharing the prefix, all waiting."""
+    s = Sim("lpm", max_num_seqs=1, num_blocks=512, block_size=4, max_queue=max_queue)
+    shared = list(range(100, 140))
+    s.add("warmup", shared + [1], 1)
+    s.run()
+    t = s.clock.t
+    s.add("cold", list(range(600, 640)), 1, at=t)
+    for i in range(n_warm):
+        s.add(f"w{i}", shared + [i, i], 1, at=t + 0.01 * (i + 1))
+    s.clock.t += 1
+    return s
+
+
+def test_lpm_falls_back_to_arrival_order_when_the_queue_is_long():
+    """SGLang's fallback: above max_queue waiting requests, arrival order. The old key read the queue's
+    length while schedule() sorted it in place (CPython shows a list being sorted as empty), so the
+    fallback never triggered and every step matched every waiting request against the cache."""
+    assert _lpm_queue(3, max_queue=8).run().finish_order[1] == "w0"  # short queue: longest prefix first
+    s = _lpm_queue(12, max_queue=8)
+    lookups = 0
+    lookup = s.kv.get_computed_blocks
+
+    def counted(request):
+        nonlocal lookups
+        lookups += 1
+        return lookup(request)
+
+    while s.pending:  # into the queue first: count only what schedule() looks up
+        s.sched.add_request(s.pending.pop(0)[1])
+    s.kv.get_computed_blocks = counted
+    s.step()  # 13 waiting > 8: arrival order, no prefix matching for the ordering
+    assert lookups <= 2, lookups  # the admitted request's own lookup
+    assert s.steps[-1]["ids"] == ["cold"]
+    s.run()
+    assert s.finish_order[1] == "cold"
+    # insertions within a step use the step's key: the waiting queue is in the order the step decided
+    policy = s.sched.policy
+    keys = [policy.key(r, 0) for r in s.sched.waiting]
+    assert keys == sorted(keys)
 
 
 # ---- swap at the scheduler level ------------------------------------------------------------------
@@ -215,7 +321,7 @@ def test_swap_falls_back_to_recompute_when_host_pool_is_short():
 
 
 def test_abort_of_swapped_request_frees_host_blocks():
-    s = Sim("priority", max_num_seqs=1, swap_blocks=16)
+    s = Sim("priority", max_num_seqs=1, swap_blocks=16, preemption="waiting")
     low = s.add("low", 8, max_tokens=30, at=0.0, priority=1)
     s.add("high", 8, max_tokens=30, at=3.0, priority=0)
     for _ in range(5):

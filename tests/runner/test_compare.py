@@ -1,0 +1,90 @@
+"""experiments.compare on runs drawn from a known latency model: no difference between repeats of one
+configuration, a planted difference found, and the changed requests explained."""
+
+import json
+
+import pytest
+
+from experiments.compare import CompareError, compare, main
+
+from .fake_runs import write_run, write_sweep
+
+SAME = "no significant difference"
+
+
+def test_repeats_of_one_configuration_show_no_significant_difference(tmp_path):
+    """Two sweeps of 3 repeats each of the same configuration (same trace, independent noise, a run-level
+    factor for machine load): no verdict may claim a difference (family-wise 95%)."""
+    a = write_sweep(tmp_path / "a", 3, first_seed=10)
+    b = write_sweep(tmp_path / "b", 3, first_seed=20)
+    result = compare(a, b, n_resamples=500)
+    assert result.pairs == 3 and result.requests == 3 * 400
+    assert set(result.verdicts().values()) == {SAME}, result.text()
+    # one run per side: the interval covers request sampling only (and says so), so it holds when runs
+    # share no machine-level factor (a quiet machine)
+    quiet_a = write_run(tmp_path / "qa", seed=1, run_sd=0.0) and tmp_path / "qa"
+    quiet_b = write_run(tmp_path / "qb", seed=2, run_sd=0.0) and tmp_path / "qb"
+    single = compare(quiet_a, quiet_b, n_resamples=500)
+    assert {v for m, v in single.verdicts().items() if m.endswith("_ms")} == {SAME}, single.text()
+    assert any("one run per side" in n for n in single.notes)
+    # a run against itself: zero difference, zero width
+    itself = compare(a / "cfgA-repeat0", a / "cfgA-repeat0", n_resamples=200)
+    assert (itself.table["diff"] == 0).all() and set(itself.verdicts().values()) <= {SAME} | {
+        "not tested (one run each: use replay.repeats=N)"
+    }
+
+
+def test_a_planted_difference_is_found_and_explained(tmp_path):
+    """B's TTFT is 30% longer for every request, and B preempted requests 3 and 7 (queueing + 2 s): over 5
+    repeats each, compare says A is better on TTFT and names those two requests with their preemptions
+    and extra prefill. (With 3 repeats the family-wise t interval over repeat pairs, 2 degrees of freedom,
+    is too wide to call the median: the price of covering run-to-run variation.)"""
+    a = write_sweep(tmp_path / "a", 5, first_seed=10)
+    b = write_sweep(tmp_path / "b", 5, first_seed=20, ttft_scale=1.3, preempt={3: 2.0, 7: 2.0})
+    result = compare(a, b, n_resamples=500, top=2)
+    v = result.verdicts()
+    for stat in ("mean", "p50", "p99"):
+        assert v[f"{stat}_ttft_ms"] == "A better", result.text()
+    assert v["mean_tpot_ms"] == SAME  # decode speed was not touched
+    changed = result.changed
+    assert set(changed["request_id"]) == {"r3", "r7"}
+    first = changed.iloc[0]
+    assert "preemptions 0 -> 1" in first["why"] and "prefill chunks 1 -> 2" in first["why"]
+    assert "queueing" in first["why"]
+    # the other direction, through the command line, with a JSON copy
+    out = tmp_path / "cmp.json"
+    main([str(b), str(a), "--top", "1", "--resamples", "300", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert {m["metric"]: m["verdict"] for m in data["metrics"]}["p50_ttft_ms"] == "B better"
+
+
+def test_sweep_sides_pick_one_configuration(tmp_path):
+    sweep = tmp_path / "s"
+    write_sweep(sweep, 3, first_seed=1, config_id="fcfs")
+    write_sweep(sweep, 3, first_seed=5, config_id="sjf", ttft_scale=0.5)
+    with pytest.raises(CompareError, match="2 configurations"):
+        compare(sweep, sweep)
+    r = compare(sweep, sweep, {"scheduler.name": "fcfs"}, {"scheduler.name": "sjf"}, n_resamples=300)
+    assert r.verdicts()["p50_ttft_ms"] == "B better"
+    other = tmp_path / "other"
+    write_run(other, seed=3)
+    (other / "requests.parquet").write_bytes((sweep / "fcfs-repeat0" / "requests.parquet").read_bytes())
+    with pytest.raises(CompareError, match="neither a run folder"):
+        compare(tmp_path / "missing", other)
+
+
+def test_a_seed_sweep_pairs_runs_by_seed(tmp_path):
+    """In a seed sweep every run is repeat 0: runs pair by seed, and the repeat pairs count as several."""
+    for side, scale in (("a", 1.0), ("b", 1.0)):
+        for seed in (2, 0, 1):  # written out of order
+            write_run(
+                tmp_path / side / f"s{seed}",
+                seed=seed + (10 if side == "b" else 0),
+                repeat=0,
+                table=tmp_path / side / "sweep.csv",
+                ttft_scale=scale,
+                extra={"seed": seed},
+            )
+    result = compare(tmp_path / "a", tmp_path / "b", n_resamples=200)
+    assert result.pairs == 3
+    assert "paired t over repeats" in result.table.set_index("metric").loc["p50_ttft_ms", "method"]
