@@ -106,7 +106,7 @@ class Engine:
         scheduler_config = SchedulerConfig(
             config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len
         )
-        policy = get_policy(config.scheduler, **config.scheduler_options)
+        policy = get_policy(config.scheduler, kv=self.kv, **config.scheduler_options)
         self.scheduler = Scheduler(scheduler_config, self.kv, policy, self.clock, swap)
         # validate() asks the sampler about vocabulary-dependent parameters, so the engine owns it
         self.sampler = Sampler(config.seed, self.device, self.tokenizer, self.arch.vocab_size, self.eos_token_ids)

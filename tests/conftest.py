@@ -4,6 +4,9 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# kernel=auto means the torch reference in tests: exact token comparisons across schedules, batch sizes
+# and preemption hold for it (the fast kernels are tested where a test names them)
+os.environ.setdefault("TESTBED_KERNEL", "torch")
 # Triton kernels run on the CPU through the interpreter; it must be chosen before triton is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

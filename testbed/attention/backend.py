@@ -7,6 +7,7 @@ override what they accelerate, so a new backend is one small file plus one line 
 import importlib
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -90,9 +91,13 @@ _BACKENDS = {
 
 def resolve_kernel(name: str, device) -> str:
     """`auto` is the fastest backend that works on `device`: triton on CUDA; on a CPU the C++ kernels when
-    they build here (a C++ compiler is present; the build is cached), else the torch reference."""
+    they build here (a C++ compiler is present; the build is cached), else the torch reference. The
+    environment variable TESTBED_KERNEL, when set, is what `auto` means (as VLLM_ATTENTION_BACKEND is for
+    vLLM): the test suite sets it to the torch reference, whose results do not depend on the compute path."""
     if name != "auto":
         return name
+    if os.environ.get("TESTBED_KERNEL"):
+        return os.environ["TESTBED_KERNEL"]
     if torch.device(device).type == "cuda":
         return "triton" if importlib.util.find_spec("triton") is not None else "torch"
     try:

@@ -92,7 +92,6 @@ class Scheduler:
         # the policy's per-request chunking rule, or None when it is the default (take what is left)
         overridden = type(policy).token_budget is not SchedulingPolicy.token_budget
         self._token_budget = policy.token_budget if overridden else None
-        policy.attach(self)
 
     # ---- queue upkeep -------------------------------------------------------------------------
     def _insert(self, queue: list[Request], request: Request, now: float) -> None:
@@ -140,7 +139,8 @@ class Scheduler:
         admitted after, unless the step preempted. The output carries the step's block-table changes,
         swap copies and finished ids forward to the executor; an empty output keeps them for the next."""
         now = self.clock()
-        self.policy.begin_step(now)  # the step's ordering is decided here, once, before any sort or insert
+        # the step's ordering is decided here, once, before any sort or insert
+        self.policy.begin_step(now, self.waiting, self.requests)
         if self.policy.time_dependent:
             key = self.policy.key
             self.waiting.sort(key=lambda r: key(r, now))

@@ -8,6 +8,16 @@ import torch
 from testbed.attention import resolve_kernel
 
 
+@pytest.fixture(autouse=True)
+def no_override(monkeypatch):
+    monkeypatch.delenv("TESTBED_KERNEL", raising=False)  # the suite's own setting (tests/conftest.py)
+
+
+def test_the_environment_names_what_auto_means(monkeypatch):
+    monkeypatch.setenv("TESTBED_KERNEL", "triton")
+    assert resolve_kernel("auto", torch.device("cpu")) == "triton"
+
+
 def test_explicit_kernels_are_kept():
     for name in ("torch", "triton", "cpu"):
         assert resolve_kernel(name, "cpu") == name

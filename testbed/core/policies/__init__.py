@@ -15,8 +15,14 @@ POLICIES = {
 }
 
 
-def get_policy(name: str, **options) -> SchedulingPolicy:
+def get_policy(name: str, kv=None, **options) -> SchedulingPolicy:
+    """The policy `name` with its options; kv: the KV allocator, for the policies that read it (needs_kv)."""
     if name not in POLICIES:
         raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(POLICIES)}")
     module, cls = POLICIES[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    policy_cls = getattr(importlib.import_module(module), cls)
+    if policy_cls.needs_kv:
+        if kv is None:
+            raise ValueError(f"scheduler {name!r} reads the KV cache: get_policy needs kv=")
+        return policy_cls(kv=kv, **options)
+    return policy_cls(**options)

@@ -2,9 +2,10 @@
 
 The scheduler (testbed.core.scheduler) is the one mechanism; a policy answers its questions:
 
-    begin_step(now)                           once per step, before the queues are sorted: decide what
-                                              this step's keys depend on (e.g. LPM's fallback to arrival
-                                              order, MLFQ's starvation promotions)
+    begin_step(now, waiting, live)            once per step, before the queues are sorted, given the waiting
+                                              queue and the live requests (id -> Request): decide what this
+                                              step's keys depend on (e.g. LPM's fallback to arrival order,
+                                              MLFQ's starvation promotions)
     key(request, now)                         order of both queues (smaller first); must not read the
                                               queues themselves (CPython shows a list being sorted as
                                               empty), and is the same key insertions use within the step
@@ -14,7 +15,9 @@ The scheduler (testbed.core.scheduler) is the one mechanism; a policy answers it
     step_budget(default)                      the step's token budget (e.g. a fixed Sarathi budget), at most
                                               the engine's max_num_batched_tokens
     token_budget(request, remaining)          tokens one request may take from what is left
-    attach(scheduler)                         see the scheduler (e.g. the KV cache, for cache-aware keys)
+
+A policy gets what it needs when it is built: one that reads the KV cache (cache-aware keys) sets
+`needs_kv = True` and receives the allocator as `kv` from get_policy.
 """
 
 from testbed.request import Request
@@ -25,16 +28,14 @@ class SchedulingPolicy:
     # True when keys change between steps (aging, attained service, request phase, cache contents):
     # the scheduler then re-sorts both queues every step.
     time_dependent = False
+    needs_kv = False  # True: built with the KV allocator (get_policy passes kv=...)
 
     def __init__(self, **options):
         if options:
             raise ValueError(f"scheduler {self.name!r} takes no options {sorted(options)}")
 
-    def attach(self, scheduler) -> None:
-        """Called once by the scheduler that uses this policy."""
-
-    def begin_step(self, now: float) -> None:
-        """Called at the start of every step, before the queues are sorted."""
+    def begin_step(self, now: float, waiting: list[Request], live: dict[str, Request]) -> None:
+        """Called at the start of every step, before the queues are sorted (read them, never change them)."""
 
     def key(self, request: Request, now: float):
         """Smaller key = served first. Must be total (ties broken by arrival order)."""

@@ -16,27 +16,26 @@ class LPMPolicy(SchedulingPolicy):
     name = "lpm"
     time_dependent = True  # the cache's contents change every step (off while in steady arrival order)
 
-    def __init__(self, max_queue: int = 128):
+    needs_kv = True
+
+    def __init__(self, kv, max_queue: int = 128):
         if max_queue < 1:
             raise ValueError(f"lpm: max_queue must be >= 1, got {max_queue}")
+        self.kv = kv  # the prefix cache whose contents order the queue
         self.max_queue = max_queue
-        self.scheduler = None
         self.by_prefix = True  # this step's ordering: longest prefix (True) or arrival (False)
 
-    def attach(self, scheduler):
-        self.scheduler = scheduler
-
-    def begin_step(self, now):
-        by_prefix = len(self.scheduler.waiting) <= self.max_queue
+    def begin_step(self, now, waiting, live):
+        by_prefix = len(waiting) <= self.max_queue
         # re-sort when keys depend on the cache, or once when the ordering switches back to arrival
         self.time_dependent = by_prefix or by_prefix != self.by_prefix
         self.by_prefix = by_prefix
 
     def cached_prefix(self, request) -> int:
         """Tokens of the request's prompt found in the prefix cache now."""
-        return self.scheduler.kv.get_computed_blocks(request)[1]
+        return self.kv.get_computed_blocks(request)[1]
 
     def key(self, request, now):
-        if not self.by_prefix or request.status is RequestStatus.RUNNING or self.scheduler is None:
+        if not self.by_prefix or request.status is RequestStatus.RUNNING:
             return (0, request.arrival_time, request.seq_no)
         return (-self.cached_prefix(request), request.arrival_time, request.seq_no)

@@ -44,13 +44,9 @@ class MLFQPolicy(SchedulingPolicy):
         self.prefill_tokens_per_iter = prefill_tokens_per_iter
         self.preempt = preempt
         self.starve_limit_s = starve_limit_s
-        self.scheduler = None
         # request id -> output tokens it had when last promoted: service counts from there, from level 0
         self.promoted_at: dict[str, int] = {}
         self.num_promotions = 0
-
-    def attach(self, scheduler):
-        self.scheduler = scheduler
 
     def quantum(self, level: int) -> int:
         return self.base_quantum << level
@@ -75,19 +71,18 @@ class MLFQPolicy(SchedulingPolicy):
             level += 1
         return level
 
-    def begin_step(self, now):
+    def begin_step(self, now, waiting, live):
         """Promote the waiting requests that starved past the limit (FastServe's starvation prevention)."""
-        if self.starve_limit_s is None or self.scheduler is None:
+        if self.starve_limit_s is None:
             return
-        for request in self.scheduler.waiting:
+        for request in waiting:
             if request.status is RequestStatus.RUNNING:
                 continue
             since = request.token_times[-1] if request.token_times else request.arrival_time
             if now - since > self.starve_limit_s and self.level(request) > 0:
                 self.promoted_at[request.request_id] = request.num_output_tokens
                 self.num_promotions += 1
-        if len(self.promoted_at) > 2 * len(self.scheduler.requests) + 64:  # forget finished requests
-            live = self.scheduler.requests
+        if len(self.promoted_at) > 2 * len(live) + 64:  # forget finished requests
             self.promoted_at = {rid: n for rid, n in self.promoted_at.items() if rid in live}
 
     def key(self, request, now):

@@ -44,7 +44,7 @@ class Sim:
         self.sched = Scheduler(
             SchedulerConfig(budget, max_num_seqs, True, max_model_len),
             self.kv,
-            get_policy(policy, **options),
+            get_policy(policy, kv=self.kv, **options),
             self.clock,
             swap,
         )

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from experiments.engine_config import engine_config_from_cfg
 from testbed import LLM, SamplingParams
 from testbed.config import EngineConfig
-from testbed.core.allocators import ALLOCATORS
+from testbed.core.allocators import ALLOCATORS, get_allocator
 from testbed.core.eviction import EVICTION_POLICIES
 from testbed.core.policies import POLICIES, get_policy
 
@@ -24,7 +24,8 @@ def _cfg(*overrides):
 def test_every_scheduler_has_a_config_that_builds_its_policy(scheduler):
     ec = engine_config_from_cfg(_cfg(f"scheduler={scheduler}"))
     assert ec.scheduler == scheduler
-    assert get_policy(ec.scheduler, **ec.scheduler_options).name == scheduler
+    kv = get_allocator("paged", 64, 16, max_model_len=1024)
+    assert get_policy(ec.scheduler, kv=kv, **ec.scheduler_options).name == scheduler
 
 
 @pytest.mark.parametrize("cache", sorted(ALLOCATORS))

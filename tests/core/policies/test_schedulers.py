@@ -249,7 +249,7 @@ def test_lpm_key_prefers_longer_match_and_falls_back_to_arrival():
     keys = {r.request_id: policy.key(r, 0) for r in (a, b)}
     assert keys["b"] < keys["a"]
     s.sched.add_request(c)  # three waiting > max_queue: arrival order from the next step on
-    policy.begin_step(0)
+    policy.begin_step(0, s.sched.waiting, s.sched.requests)
     assert policy.key(a, 0) < policy.key(b, 0) < policy.key(c, 0)
 
 
