@@ -21,11 +21,13 @@ test-slow: install
 bench: install
 	$(PY) -m pytest -q benchmarks/micro --benchmark-only -p no:cacheprovider -o addopts=""
 
-# ruff (lint + format check) and clang-format over kernels/cpu; `make format` rewrites in place
+# ruff (lint + format check), clang-format over kernels/cpu, mypy over testbed/core and testbed/executor
+# (pyproject.toml); `make format` rewrites in place
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	clang-format --dry-run --Werror kernels/cpu/*.cpp
+	$(PY) -m mypy
 
 format: install
 	$(PY) -m ruff check --fix .

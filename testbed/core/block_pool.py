@@ -40,7 +40,7 @@ class FreeBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         last = self.tail.prev_free
-        last.next_free, block.prev_free = block, last
+        last.next_free, block.prev_free = block, last  # type: ignore[union-attr]
         block.next_free, self.tail.prev_free = self.tail, block
         self.num_free += 1
 
@@ -48,7 +48,7 @@ class FreeBlockQueue:
         if block.prev_free is None:
             raise AssertionError(f"{block} is not in the free queue")
         block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
+        block.next_free.prev_free = block.prev_free  # type: ignore[union-attr]
         block.prev_free = block.next_free = None
         self.num_free -= 1
 
@@ -56,17 +56,17 @@ class FreeBlockQueue:
         if self.num_free == 0:
             raise ValueError("no free blocks")
         block = self.head.next_free  # remove(), inlined: this runs for every block handed out
-        nxt = block.next_free
-        self.head.next_free, nxt.prev_free = nxt, self.head
-        block.prev_free = block.next_free = None
+        nxt = block.next_free  # type: ignore[union-attr]
+        self.head.next_free, nxt.prev_free = nxt, self.head  # type: ignore[union-attr]
+        block.prev_free = block.next_free = None  # type: ignore[union-attr]
         self.num_free -= 1
-        return block
+        return block  # type: ignore[return-value]
 
     def __iter__(self):
         block = self.head.next_free
         while block is not self.tail:
             yield block
-            block = block.next_free
+            block = block.next_free  # type: ignore[union-attr]
 
     def __len__(self) -> int:
         return self.num_free
@@ -120,6 +120,7 @@ class BlockPool:
     def _unmap(self, block: KVCacheBlock) -> None:
         """Take a block out of the hash map; a duplicate with the same hash takes its place."""
         h = block.block_hash
+        assert h is not None
         dups = self.duplicates.get(h)
         if self.hash_to_block.get(h) is block:
             if dups:

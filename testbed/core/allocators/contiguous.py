@@ -21,7 +21,7 @@ the token; larger blocks round it up.
 """
 
 from testbed.core.allocators.base import KVAllocator, final_length
-from testbed.core.allocators.placement import PLACEMENTS
+from testbed.core.allocators.placement import PLACEMENTS, Buddy, FirstFit
 from testbed.request import Request
 
 
@@ -49,7 +49,7 @@ class ContiguousAllocator(KVAllocator):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.space = PLACEMENTS[self.placement](num_blocks)
+        self.space: FirstFit | Buddy = PLACEMENTS[self.placement](num_blocks)
         self.runs: dict[str, tuple[int, int]] = {}  # request id -> (start, length)
         self._units = [_Unit(i) for i in range(num_blocks)]
         self.req_blocks: dict[str, list[_Unit]] = {}  # request id -> its run, as block objects
@@ -104,7 +104,9 @@ class ContiguousAllocator(KVAllocator):
             return None
         if request.request_id in self.runs:
             return []
-        start, length = self.space.take(need)
+        taken = self.space.take(need)
+        assert taken is not None, "can_allocate said it fits"
+        start, length = taken
         self.runs[request.request_id] = (start, length)
         self._ids[request.request_id] = ids = list(range(start, start + length))
         self.req_blocks[request.request_id] = self._units[start : start + length]

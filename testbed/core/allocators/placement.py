@@ -145,4 +145,4 @@ class Buddy:
                     assert base + ((s - base) ^ (1 << k)) not in starts, f"unmerged buddies at order {k}"
 
 
-PLACEMENTS = {"first_fit": FirstFit, "buddy": Buddy}
+PLACEMENTS: dict[str, type[FirstFit] | type[Buddy]] = {"first_fit": FirstFit, "buddy": Buddy}
