@@ -20,7 +20,7 @@ from testbed.executor.build import build_executor
 from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
 from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
-from testbed.isolation import error_message
+from testbed.isolation import RunInvalid, error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
@@ -258,6 +258,8 @@ class Engine:
         come back in ExecutorOutput.errors."""
         try:
             return call(*args)
+        except RunInvalid:
+            raise
         except Exception as e:
             logger.exception("engine step %d failed: failing its %d requests", self.step_count + 1, len(sched.requests))
             message = error_message("the engine step", e)

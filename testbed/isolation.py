@@ -19,6 +19,11 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+class RunInvalid(RuntimeError):
+    """An error that invalidates the whole run rather than some requests (a simulation that stopped
+    following its recording): never isolated, it propagates out of Engine.step."""
+
+
 def error_message(what: str, error: BaseException) -> str:
     """The message a failed request carries (Request.error, RequestOutput.error, the server's body)."""
     return f"{what} failed: {type(error).__name__}: {error}"
@@ -35,6 +40,8 @@ def find_culprits(
     for key in keys:
         try:
             results[key] = run_one(key)
+        except RunInvalid:
+            raise
         except Exception as e:
             logger.warning("%s failed for one request of the batch", what, exc_info=e)
             failed[key] = error_message(what, e)

@@ -14,6 +14,8 @@ what the simulation does shows up as a different sequence of readings, which is 
 import time
 from collections.abc import Callable
 
+from testbed.isolation import RunInvalid
+
 
 class VirtualClock:
     def __init__(self, start: float = 0.0):
@@ -43,7 +45,7 @@ class RecordingClock:
         return t
 
 
-class ClockDivergence(RuntimeError):
+class ClockDivergence(RunInvalid):
     """The simulated run read the clock more often than the recorded run: it made other decisions."""
 
 
