@@ -24,6 +24,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on GPU
+    kv_cache_dtype: str = "auto"  # auto (= dtype) | float32 | bfloat16 | float16; attention accumulates in fp32
     device: str | None = None  # None: cuda if available
     seed: int = 0
     speculative_config: dict | None = None  # vLLM's spelling: {"method": "ngram"|"draft"|"layerskip", ...}
@@ -44,6 +45,10 @@ class EngineConfig:
             raise ValueError(f"num_cpu_blocks must be >= 1, got {self.num_cpu_blocks}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"kv_cache_dtype must be auto, float32, float16 or bfloat16, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype != "auto" and self.kernel == "triton":
+            raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
         if self.executor not in ("model", "null"):
             raise ValueError(f"executor must be 'model' or 'null', got {self.executor!r}")
         if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):

@@ -42,6 +42,7 @@ class Engine:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype_name = config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.dtype = getattr(torch, dtype_name)
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         self.backend = get_backend(config.kernel)
         bs = config.block_size
         if self.backend.requires_power_of_two_block_size and bs & (bs - 1):
@@ -73,7 +74,7 @@ class Engine:
             None
             if config.executor == "null"
             else allocate_kv_cache(
-                self.arch, num_blocks + extra_blocks, bs, self.arch.num_hidden_layers, self.dtype, self.device
+                self.arch, num_blocks + extra_blocks, bs, self.arch.num_hidden_layers, self.kv_dtype, self.device
             )
         )
         sampler = Sampler(config.seed, self.device)
@@ -102,18 +103,20 @@ class Engine:
 
         num_cpu_blocks = self.config.num_cpu_blocks or max(
             1,
-            int(self.config.swap_space_gb * 2**30 // (self.arch.kv_bytes_per_token(self.dtype.itemsize) * block_size)),
+            int(
+                self.config.swap_space_gb * 2**30 // (self.arch.kv_bytes_per_token(self.kv_dtype.itemsize) * block_size)
+            ),
         )
         copy = None
         if hasattr(self.executor, "copy_blocks") and getattr(self.executor, "kv_caches", None) is not None:
             self.executor.host_kv_caches = allocate_kv_cache(
-                self.arch, num_cpu_blocks, block_size, self.arch.num_hidden_layers, self.dtype, "cpu"
+                self.arch, num_cpu_blocks, block_size, self.arch.num_hidden_layers, self.kv_dtype, "cpu"
             )
             copy = self.executor.copy_blocks
         self.scheduler.swap = SwapManager(self.kv, num_cpu_blocks, copy)
 
     def _blocks_from_memory(self) -> int:
-        bytes_per_block = self.arch.kv_bytes_per_token(self.dtype.itemsize) * self.config.block_size
+        bytes_per_block = self.arch.kv_bytes_per_token(self.kv_dtype.itemsize) * self.config.block_size
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - total * (1 - self.config.gpu_memory_utilization)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp", "linear.cpp")]
+# linear(): rows up to this many go to the few-rows kernel (linear.cpp), more to torch's GEMM
+FEW_ROWS = 32
 
 
 def _cpu_tag() -> str:
@@ -38,6 +40,7 @@ def load() -> None:
         build(
             name=f"testbed_cpu_kernels_{_cpu_tag()}",
             sources=[str(s) for s in _SOURCES],
+            extra_include_paths=[str(Path(__file__).parent)],
             is_python_module=False,
             extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -56,7 +59,8 @@ def paged_decode(
     scale: float,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its paged KV; same contract as reference.paged_attention_ref."""
+    """One query token per sequence over its paged KV; same contract as reference.paged_attention_ref.
+    The cache may be in a different float dtype than q (kv_cache_dtype)."""
     load()
     out = torch.empty_like(q) if out is None else out
     torch.ops.testbed_cpu.paged_decode(
@@ -71,26 +75,46 @@ def paged_decode(
     return out
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+    """Same contract as reference.write_kv_ref (slot -1 = not written); k/v may be strided views."""
+    load()
+    torch.ops.testbed_cpu.write_kv(k, v, k_cache, v_cache, slot_mapping.to(torch.int64).contiguous())
+
+
+def decode_attention(q, k, v, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    """write_kv then paged_decode, in one call (a pure decode step)."""
+    load()
+    return torch.ops.testbed_cpu.decode_attention(
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping.to(torch.int64).contiguous(),
+        block_tables.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(),
+        scale,
+    )
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """Same contract as reference.rms_norm_ref: normed(x), or (normed(x + residual), x + residual)."""
     load()
-    x = x.contiguous()
-    out = torch.empty_like(x)
     if residual is None:
-        torch.ops.testbed_cpu.rms_norm(out, x, weight, eps)
-        return out
-    residual_out = torch.empty_like(x)
-    torch.ops.testbed_cpu.add_rms_norm(out, residual_out, x, residual.contiguous(), weight, eps)
-    return out, residual_out
+        return torch.ops.testbed_cpu.rms_norm(x.contiguous(), weight, eps)
+    return torch.ops.testbed_cpu.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
 
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
     """Neox-style rotary embedding, same contract as reference.rotary_ref; q/k may be strided views."""
     load()
-    positions = positions.to(torch.int64).contiguous()
-    rotated = []
-    for x in (q, k):
-        out = torch.empty(x.shape, dtype=x.dtype)
-        torch.ops.testbed_cpu.rotary(out, x if x.stride(-1) == 1 else x.contiguous(), positions, cos_sin_cache)
-        rotated.append(out)
-    return tuple(rotated)
+    return torch.ops.testbed_cpu.rotary(positions.to(torch.int64).contiguous(), q, k, cos_sin_cache)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias): float32 inputs of up to FEW_ROWS rows go to linear.cpp's few-rows kernel
+    (weights streamed once, batch invariant), anything else to torch's GEMM."""
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > FEW_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
+    load()
+    return torch.ops.testbed_cpu.linear_rows(x.contiguous(), weight, bias)

@@ -66,6 +66,9 @@ class KernelBackend:
         out = torch.einsum("skgt,stkd->skgd", probs, v.float())
         return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
+    def linear(self, x, weight, bias=None):
+        return torch.nn.functional.linear(x, weight, bias)
+
     def rms_norm(self, x, weight, eps, residual=None):
         return reference.rms_norm_ref(x, weight, eps, residual)
 

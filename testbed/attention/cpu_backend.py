@@ -1,10 +1,13 @@
 """CPU backend (`kernel=cpu`): what makes the engine fast on a CPU without changing its results.
 
 Decode rows go to a C++ paged-decode kernel that reads K/V straight through the block table (the torch
-reference gathers every sequence's blocks into a padded copy first, which dominated decode time);
-prefill chunks run torch's fused scaled_dot_product_attention per sequence. RMSNorm (+residual) and
-rotary are fused C++ loops (one pass over memory where the reference makes several); SiLU-mul stays
-torch's (its vectorised exp beats a plain C++ loop).
+reference gathers every sequence's blocks into a padded copy first, which dominated decode time); in a
+pure decode step the KV write and the attention are one call. Prefill chunks run torch's fused
+scaled_dot_product_attention per sequence. Linear layers with few rows (decode steps, the LM head) use a
+C++ kernel that streams each weight row once (kernels/cpu/linear.cpp); larger ones torch's GEMM.
+RMSNorm (+residual) and rotary are fused C++ loops (one pass over memory where the reference makes
+several); SiLU-mul stays torch's (its vectorised exp beats a plain C++ loop). The KV cache may be in a
+narrower float dtype than the model (kv_cache_dtype): rows are widened to fp32 as they are read.
 """
 
 import torch
@@ -23,7 +26,11 @@ class CpuBackend(KernelBackend):
         self._split_of, self._split_cache = None, None
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        reference.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode_only and q.shape[0] == meta.num_seqs:
+            return cpu_kernels.decode_attention(
+                q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.seq_lens, scale
+            )
+        cpu_kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         return self.attend_cached(q, k_cache, v_cache, meta, scale)
 
     def attend_cached(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -53,6 +60,9 @@ class CpuBackend(KernelBackend):
             self._split_of = meta
         return self._split_cache
 
+    def linear(self, x, weight, bias=None):
+        return cpu_kernels.linear(x, weight, bias)
+
     def rms_norm(self, x, weight, eps, residual=None):
         return cpu_kernels.rms_norm(x, weight, eps, residual)
 
@@ -64,8 +74,8 @@ def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -
     """Causal attention of one sequence's query chunk (the last q_len tokens of ctx_len) over its cache."""
     q_len = q.shape[0]
     # 4-D [1, heads, len, d] inputs: torch's CPU flash kernel (3-D ones fall back to the unfused math path)
-    k = reference.gather_kv_ref(k_cache, block_table, ctx_len).transpose(0, 1)[None]
-    v = reference.gather_kv_ref(v_cache, block_table, ctx_len).transpose(0, 1)[None]
+    k = reference.gather_kv_ref(k_cache, block_table, ctx_len).to(q.dtype).transpose(0, 1)[None]
+    v = reference.gather_kv_ref(v_cache, block_table, ctx_len).to(q.dtype).transpose(0, 1)[None]
     if q_len == ctx_len:
         mask, causal = None, True
     else:  # a chunk after a cached prefix: query i sees keys up to its position

@@ -12,6 +12,17 @@ from testbed.models.arch import ModelArch
 from testbed.models.rope import cos_sin_cache
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) whose matmul goes through the kernel backend."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ops: KernelBackend):
+        super().__init__(in_features, out_features, bias=bias)
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, ops: KernelBackend):
         super().__init__()
@@ -31,8 +42,8 @@ class Attention(nn.Module):
             arch.head_dim,
         )
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.qkv_proj = Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, arch.attention_bias, ops)
+        self.o_proj = Linear(self.q_size, arch.hidden_size, False, ops)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -54,8 +65,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend):
         super().__init__()
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, False, ops)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, False, ops)
         self.ops = ops
 
     def forward(self, x):
@@ -93,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.model = LlamaModel(arch, ops)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, ops)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.max_positions = max_positions
