@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -260,7 +261,7 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         import httpx
 
-        self.log = open(cache_dir() / "server.log", "w")  # noqa: SIM115 (closed in __exit__)
+        self.log = open(cache_dir() / "server.log", "w")
         self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
@@ -341,10 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     with LlamaServer(build, gguf, a.parallel, a.slot_context, a.threads) as server:
         if a.action == "serve":
             print(f"llama-server at {server.url} ({a.parallel} slots); Ctrl-C stops it", flush=True)
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 server.proc.wait()
-            except KeyboardInterrupt:
-                pass
             return 0
         from experiments.http_replay import main as http_replay_main
 

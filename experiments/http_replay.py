@@ -184,7 +184,8 @@ def replay_http(specs: Sequence[RequestSpec], base_url: str, model: str, **kwarg
 
 # ---- the experiment over HTTP: same config, same result files as experiments.runner --------------------------
 def server_info(base_url: str, api_key: str | None = None) -> dict:
-    """The served model's card: id, max_model_len, vocab_size (this server's extension fields, or llama-server's meta)."""
+    """The served model's card: id, max_model_len, vocab_size (this server's extension fields; llama-server's
+    are taken from its `meta`)."""
     import httpx
 
     base = base_url.rstrip("/").removesuffix("/v1")
