@@ -161,13 +161,19 @@ def ensure_build(version: str = DEFAULT_VERSION, jobs: int | None = None) -> Lla
     return LlamaCppBuild(version, source_dir, bin_dir, info)
 
 
-def ensure_gguf(model: str, build: LlamaCppBuild, outtype: str = "f32") -> Path:
-    """The model as GGUF, converted once by llama.cpp's convert_hf_to_gguf.py from its HF folder."""
+def model_weights(model: str):
+    """The resolved model, if it has real weights llama.cpp can load (checked before any build)."""
     from testbed.models.registry import resolve_model
 
     resolved = resolve_model(model)
     if resolved.weights_folder is None:
         raise LlamaCppUnavailable(f"model {model!r} has no weights folder (shape-only configs run in the engine only)")
+    return resolved
+
+
+def ensure_gguf(model: str, build: LlamaCppBuild, outtype: str = "f32") -> Path:
+    """The model as GGUF, converted once by llama.cpp's convert_hf_to_gguf.py from its HF folder."""
+    resolved = model_weights(model)
     out = cache_dir() / "models" / f"{resolved.name}-{outtype}.gguf"
     if out.exists():
         return out
@@ -327,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="replay: run.py overrides (trace=..., replay=...)")
     a = p.parse_args(argv)
     try:
+        model_weights(a.model)
         build = ensure_build(a.llamacpp_version)
         if a.action == "build":
             print(build.bin_dir)

@@ -7,12 +7,15 @@ The build needs a C++ compiler (g++) and ninja; the result is cached under TORCH
 import hashlib
 import platform
 import shutil
+import time
 from functools import cache
 from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp", "linear.cpp")]
+_SOURCES = [
+    Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp", "linear.cpp", "decode_layers.cpp")
+]
 # linear(): rows up to this many go to the few-rows kernel (linear.cpp), more to torch's GEMM
 FEW_ROWS = 32
 
@@ -28,17 +31,26 @@ def _cpu_tag() -> str:
 
 
 @cache
-def load() -> None:
-    """Compile (once) and load the extension; its ops then live under torch.ops.testbed_cpu."""
+def load() -> float:
+    """Compile (once per machine) and load the extension; its ops then live under torch.ops.testbed_cpu.
+    Returns the seconds this took (a compile shows as tens of seconds, a cached build as well under one)."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         raise RuntimeError(
             "kernel=cpu needs a C++ compiler (g++) to build its kernels; install one or use kernel=torch"
         )
+    import sys
+
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
+    name = f"testbed_cpu_kernels_{_cpu_tag()}"
+    folder = Path(_get_build_directory(name, verbose=False))
+    if not any(folder.glob("*.so")):  # progress for the one-off compile; an up-to-date build says nothing
+        print(f"[testbed] kernel=cpu: compiling its C++ kernels into {folder} (once, ~1 min)", file=sys.stderr)
+    start = time.perf_counter()
     try:
         build(
-            name=f"testbed_cpu_kernels_{_cpu_tag()}",
+            name=name,
             sources=[str(s) for s in _SOURCES],
             extra_include_paths=[str(Path(__file__).parent)],
             is_python_module=False,
@@ -48,6 +60,10 @@ def load() -> None:
         )
     except (RuntimeError, OSError) as e:
         raise RuntimeError(f"kernel=cpu: building its C++ kernels failed (use kernel=torch meanwhile): {e}") from e
+    seconds = time.perf_counter() - start
+    if seconds > 5:
+        print(f"[testbed] kernel=cpu: C++ kernels ready after {seconds:.0f} s (cached from now on)", file=sys.stderr)
+    return seconds
 
 
 def paged_decode(
@@ -118,3 +134,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, weight, bias)
     load()
     return torch.ops.testbed_cpu.linear_rows(x.contiguous(), weight, bias)
+
+
+def decode_layers(hidden, positions, meta_tensors, cos_sin, weights, kv_caches, shape, few_rows: int):
+    """A pure decode step's decoder layers in one C++ call (decode_layers.cpp); see CpuBackend.decode_layers.
+    meta_tensors: (slot_mapping, block_tables, seq_lens); shape: (num_heads, num_kv_heads, head_dim, eps, scale);
+    weights: 9 entries per layer (decode_layers.cpp's Weight order); kv_caches: k, v per layer.
+    Returns (hidden, residual) after the last layer."""
+    load()
+    slots, tables, seq_lens = meta_tensors
+    return torch.ops.testbed_cpu.decode_layers(
+        hidden, None, positions, slots, tables, seq_lens, cos_sin, weights, kv_caches, *shape, few_rows
+    )

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <tuple>
 
+#include "ops.h"
+
+namespace testbed_cpu {
 namespace {
 
 // Rows per parallel task: enough work per task that small (decode) batches stay on one thread.
@@ -71,6 +74,21 @@ void check_rows(const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, ": contiguous CPU tensors only");
 }
 
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: q/k must be [tokens, heads, head_dim], head_dim contiguous");
+    TORCH_CHECK(cos_sin.scalar_type() == x.scalar_type() && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
+                "rotary: cos_sin cache must be [max_pos, head_dim] in q/k's dtype");
+    TORCH_CHECK(positions.numel() == x.size(0), "rotary: one position per token");
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rotary", [&] {
+        rotary_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
+                              cos_sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1));
+    });
+    return out;
+}
+
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     check_rows(x, "rms_norm");
     const int64_t hidden = x.size(-1);
@@ -101,19 +119,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     return {out, residual_out};
 }
 
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
-    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: q/k must be [tokens, heads, head_dim], head_dim contiguous");
-    TORCH_CHECK(cos_sin.scalar_type() == x.scalar_type() && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
-                "rotary: cos_sin cache must be [max_pos, head_dim] in q/k's dtype");
-    TORCH_CHECK(positions.numel() == x.size(0), "rotary: one position per token");
-    at::Tensor out = at::empty(x.sizes(), x.options());
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rotary", [&] {
-        rotary_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
-                              cos_sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1));
-    });
-    return out;
-}
-
 // Rotated (q, k), new contiguous tensors; q/k may be strided views of a fused qkv projection.
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& cos_sin) {
@@ -122,13 +127,13 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
     return {rotate(q, positions, cos_sin), rotate(k, positions, cos_sin)};
 }
 
-}  // namespace
+}  // namespace testbed_cpu
 
 TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
     m.def("rotary(Tensor positions, Tensor q, Tensor k, Tensor cos_sin) -> (Tensor, Tensor)");
-    m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(rms_norm));
-    m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(add_rms_norm));
-    m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(rotary));
+    m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::rms_norm));
+    m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::add_rms_norm));
+    m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::rotary));
 }

@@ -14,8 +14,10 @@
 
 #include <cmath>
 
+#include "ops.h"
 #include "vec.h"
 
+namespace testbed_cpu {
 namespace {
 
 constexpr int kRowTile = 4;  // x rows per tile
@@ -64,6 +66,8 @@ inline void column_tile(const float* x, int64_t M, int64_t K, const float* w, fl
     }
 }
 
+}  // namespace
+
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
     TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "linear_rows: CPU tensors only");
     TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "linear_rows: float32 only");
@@ -89,9 +93,9 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const c10:
     return y;
 }
 
-}  // namespace
+}  // namespace testbed_cpu
 
 TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
     m.def("linear_rows(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
-    m.impl("linear_rows", c10::DispatchKey::CPU, TORCH_FN(linear_rows));
+    m.impl("linear_rows", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::linear_rows));
 }

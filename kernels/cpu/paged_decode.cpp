@@ -12,8 +12,10 @@
 #include <numeric>
 #include <vector>
 
+#include "ops.h"
 #include "vec.h"
 
+namespace testbed_cpu {
 namespace {
 
 // A cache row as fp32: itself for fp32 caches, else converted into `buf`.
@@ -189,6 +191,8 @@ void write_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, a
     }
 }
 
+}  // namespace
+
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
     check_cache(k_cache, v_cache, "write_kv");
@@ -246,7 +250,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return out;
 }
 
-}  // namespace
+}  // namespace testbed_cpu
 
 TORCH_LIBRARY(testbed_cpu, m) {
     m.def(
@@ -256,7 +260,7 @@ TORCH_LIBRARY(testbed_cpu, m) {
     m.def(
         "decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
         "Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
-    m.impl("paged_decode", c10::DispatchKey::CPU, TORCH_FN(paged_decode));
-    m.impl("write_kv", c10::DispatchKey::CPU, TORCH_FN(write_kv));
-    m.impl("decode_attention", c10::DispatchKey::CPU, TORCH_FN(decode_attention));
+    m.impl("paged_decode", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::paged_decode));
+    m.impl("write_kv", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::write_kv));
+    m.impl("decode_attention", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::decode_attention));
 }

@@ -22,8 +22,10 @@ class CpuBackend(KernelBackend):
     name = "cpu"
 
     def __init__(self):
-        cpu_kernels.load()  # compile (or load the cached build) now, not inside the first step
+        # compile (or load the cached build) now, not inside the first step; the one-off time is reported
+        self.build_seconds = cpu_kernels.load()
         self._split_of, self._split_cache = None, None
+        self._layer_weights = {}  # (first layer's id, number of layers) -> decode_layers' weight list
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
@@ -63,11 +65,53 @@ class CpuBackend(KernelBackend):
     def linear(self, x, weight, bias=None):
         return cpu_kernels.linear(x, weight, bias)
 
+    def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
+        """Pure decode steps: every layer in one C++ call, the same kernels in the same order as the layers'
+        own forward (kernels/cpu/decode_layers.cpp), without a Python round trip per op."""
+        if not (meta.is_decode_only and hidden.shape[0] == meta.num_seqs and len(layers)):
+            return None
+        attn = layers[0].self_attn
+        key = (id(layers[0]), len(layers))
+        if key not in self._layer_weights:
+            self._layer_weights[key] = [w for layer in layers for w in _layer_weights(layer)]
+        few_rows = cpu_kernels.FEW_ROWS if hidden.dtype == torch.float32 else -1  # as linear(): fp32 only
+        eps = layers[0].input_layernorm.eps
+        return cpu_kernels.decode_layers(
+            hidden,
+            positions,
+            (meta.slot_mapping, meta.block_tables, meta.seq_lens),
+            cos_sin,
+            self._layer_weights[key],
+            [t for kv in kv_caches[: len(layers)] for t in kv],
+            (attn.num_heads, attn.num_kv_heads, attn.head_dim, eps, attn.scale),
+            few_rows,
+        )
+
     def rms_norm(self, x, weight, eps, residual=None):
         return cpu_kernels.rms_norm(x, weight, eps, residual)
 
     def rotary(self, positions, q, k, cos_sin_cache):
         return cpu_kernels.rotary(positions, q, k, cos_sin_cache)
+
+
+def _layer_weights(layer) -> list:
+    """One decoder layer's tensors in decode_layers.cpp's order (None where the architecture has none)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+    eps = {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
+    if attn.q_norm is not None:
+        eps |= {attn.q_norm.eps, attn.k_norm.eps}
+    assert len(eps) == 1, "decode_layers takes one RMSNorm epsilon for every norm of the model"
+    return [
+        layer.input_layernorm.weight,
+        attn.qkv_proj.weight,
+        attn.qkv_proj.bias,
+        *norms,
+        attn.o_proj.weight,
+        layer.post_attention_layernorm.weight,
+        mlp.gate_up_proj.weight,
+        mlp.down_proj.weight,
+    ]
 
 
 def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -> torch.Tensor:

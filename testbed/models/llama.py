@@ -103,6 +103,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend, max_positions: int):
         super().__init__()
         self.arch = arch
+        self.ops = ops
         self.model = LlamaModel(arch, ops)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, ops)
         if arch.tie_word_embeddings:
@@ -125,8 +126,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, num_layers: int | None = None):
         """Hidden states after the final norm; `num_layers` runs only the first L layers (self-speculation)."""
         hidden, residual = self.model.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.model.layers[:num_layers], kv_caches):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, self.cos_sin)
+        # (slicing an nn.ModuleList builds a new one, a cost per step: only for self-speculation)
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        fused = self.ops.decode_layers(layers, positions, hidden, kv_caches, meta, self.cos_sin)
+        if fused is not None:  # the backend ran the layers in one call (kernel=cpu decode steps)
+            hidden, residual = fused
+        else:
+            for layer, kv_cache in zip(layers, kv_caches):
+                hidden, residual = layer(positions, hidden, residual, kv_cache, meta, self.cos_sin)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 
