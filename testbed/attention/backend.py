@@ -69,7 +69,7 @@ class KernelBackend:
     def linear(self, x, weight, bias=None):
         return torch.nn.functional.linear(x, weight, bias)
 
-    def decode_layers(self, layers, positions, hidden, kv_caches, meta: "AttentionMetadata", cos_sin):
+    def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
         """A backend may run a step's decoder layers in one call, returning (hidden, residual) after the last
         one, bit-identical to running the layers; None (here) means: run them one by one."""
         return None

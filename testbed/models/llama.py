@@ -1,6 +1,7 @@
 """Llama-family decoder (llama, mistral, qwen2, qwen3) over a flat batch of tokens.
 
-Every op with a kernel goes through `ops` (a KernelBackend), so `kernel=torch|triton` swaps them all.
+Every op with a kernel goes through `ops` (a KernelBackend), linear layers included, so `kernel=torch|triton|cpu`
+swaps them all; a backend may also run a decode step's layers in one call (`ops.decode_layers`, kernel=cpu).
 Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj (see weights.py).
 """
 
