@@ -1,11 +1,16 @@
-"""The systems of experiments/bench_throughput.py, one per process: this engine, transformers static
-`generate`, transformers continuous batching, and the device measurement for the roofline.
+"""The systems of benchmarks/throughput.py, one per process: this engine, transformers static `generate`,
+transformers continuous batching, llama.cpp, and the device measurement for the roofline.
 
-    python -m benchmarks.systems SPEC.json OUT.json      # what bench_throughput runs per system
+    python -m benchmarks.systems SPEC.json OUT.json      # what benchmarks.throughput runs per system
+
+Besides throughput every system reports what it can of latency: `ttft_s` (mean time to first token from
+submission) and `tpot_ms` (mean time per output token after the first), from the engine's outputs or
+llama.cpp's own timings.
 """
 
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -62,16 +67,18 @@ def run_engine(spec, prompts, outputs) -> dict:
             max_num_batched_tokens=spec["max_num_batched_tokens"],
             max_model_len=spec["max_model_len"],
             block_size=16,
+            enable_prefix_caching=spec.get("prefix_caching", True),
             kv_cache_memory_gb=spec.get("kv_cache_memory_gb", 2.0),
             enforce_eager=spec.get("enforce_eager", False),
         )
     )
     setup_s = time.perf_counter() - t0
+    kernel_build_s = getattr(engine.backend, "build_seconds", 0.0)  # kernel=cpu: one-off C++ build, 0 if cached
     graphs = getattr(engine.executor, "cuda_graphs", None)
     # warm-up: compiles kernels, fills allocator caches
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     for i in range(2):
-        engine.add_request(f"warm{i}", prompts[i][:64], warm)
+        engine.add_request(f"warm{i}", prompts[i % len(prompts)][:64], warm)
     while engine.has_unfinished():
         engine.step()
     if spec["device"] == "cuda":
@@ -80,13 +87,16 @@ def run_engine(spec, prompts, outputs) -> dict:
     start = time.perf_counter()
     for i, (p, o) in enumerate(zip(prompts, outputs)):
         engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
-    produced, steps, step_times = {}, 0, []
+    produced, first_token, finish, steps = {}, {}, {}, 0
     while engine.has_unfinished():
-        for out in engine.step():
+        outs = engine.step()
+        now = time.perf_counter()  # on CUDA the step ends by reading the sampled tokens back: synchronised
+        for out in outs:
+            first_token.setdefault(out.request_id, now)
             if out.finished:
                 produced[out.request_id] = len(out.outputs[0].token_ids)
+                finish[out.request_id] = now
         steps += 1
-        step_times.append(engine.last_stats.duration_s if engine.last_stats else 0.0)
     if spec["device"] == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -94,14 +104,68 @@ def run_engine(spec, prompts, outputs) -> dict:
     return {
         "elapsed_s": elapsed,
         "output_tokens": sum(outputs),
+        **latency(start, first_token, finish, outputs),
         "steps": steps,
         "setup_s": setup_s,
+        "kernel_build_s": kernel_build_s,
         "num_blocks": engine.kv.num_blocks,
         "preemptions": engine.scheduler.num_preemptions,
         "cuda_graph_replays": (graphs.replays - replays_before) if graphs else 0,
         "cuda_graph_capture_s": graphs.capture_seconds if graphs else 0.0,
         "note": f"max_num_seqs={spec['max_num_seqs']}, max_num_batched_tokens={spec['max_num_batched_tokens']}"
+        + ("" if spec.get("prefix_caching", True) else ", no prefix caching")
         + (", CUDA graphs" if graphs and graphs.use_graphs else ", eager"),
+    }
+
+
+def latency(start: float, first_token: dict, finish: dict, outputs: list[int]) -> dict:
+    """Mean TTFT (s, from submission at `start`) and TPOT (ms, after the first token) over the requests
+    with ids "0".."n-1" (first_token / finish: id -> time)."""
+    ids = [str(i) for i in range(len(outputs))]
+    ttft = [first_token[i] - start for i in ids]
+    tpot = [(finish[i] - first_token[i]) / (n - 1) for i, n in zip(ids, outputs) if n > 1]
+    return {"ttft_s": sum(ttft) / len(ttft), "tpot_ms": 1e3 * sum(tpot) / len(tpot) if tpot else None}
+
+
+def run_llamacpp(spec, prompts, outputs) -> dict:
+    """llama.cpp on the same workload: llama-batched-bench when every request has the same lengths (its
+    own random prompts of that length, `fixed_shape`), else llama-server with max_num_seqs slots over HTTP."""
+    from benchmarks import llamacpp
+
+    llamacpp.model_weights(spec["model"])  # a shape-only model is skipped before any build
+    build = llamacpp.ensure_build(spec.get("llamacpp_version") or llamacpp.DEFAULT_VERSION)
+    gguf = llamacpp.ensure_gguf(spec["model"], build, "f32" if spec["dtype"] == "float32" else "bf16")
+    threads = spec.get("threads") or os.cpu_count()
+    info = {**llamacpp.versions(build), "gguf": gguf.name, "llamacpp_threads": threads}
+    if spec.get("fixed_shape"):
+        row = llamacpp.batched_bench(build, gguf, len(prompts[0]), outputs[0], [len(prompts)], threads)[0]
+        return {
+            "elapsed_s": row["t"],
+            "output_tokens": sum(outputs),
+            "ttft_s": row["t_pp"],  # every prompt prefilled together before the first decode step
+            "tpot_ms": 1e3 * row["t_tg"] / outputs[0],
+            "llamacpp_row": row,
+            **info,
+            "note": f"llama-batched-bench -npl {len(prompts)} -t {threads}, flash_attn={row.get('flash_attn')}",
+        }
+    with llamacpp.LlamaServer(build, gguf, spec["max_num_seqs"], spec["max_model_len"], threads) as server:
+        llamacpp.replay_workload(server, [p[:16] for p in prompts[:2]], [4, 4])  # warm-up
+        run = llamacpp.replay_workload(server, prompts, outputs)
+    rows = run.requests
+    failed = rows[rows["error"] != ""]
+    if len(failed):
+        raise RuntimeError(f"llama-server: {len(failed)} requests failed, first: {failed['error'].iloc[0]}")
+    got = rows.set_index("request_id")["output_tokens"].to_dict()
+    short = [i for i, n in enumerate(outputs) if got[str(i)] != n]
+    first = rows.set_index("request_id")["first_token_time"].to_dict()
+    finish = rows.set_index("request_id")["finish_time"].to_dict()
+    return {
+        "elapsed_s": run.end_time - run.start_time,
+        "output_tokens": int(sum(got.values())),
+        **latency(run.start_time, first, finish, outputs),
+        "short_requests": len(short),
+        **info,
+        "note": f"llama-server -np {spec['max_num_seqs']} -t {threads}, streamed over HTTP",
     }
 
 
@@ -226,6 +290,7 @@ WORKERS = {
     "engine-torch": run_engine,
     "hf-static": run_hf_static,
     "hf-cb": run_hf_cb,
+    "llamacpp": run_llamacpp,
     "device": run_device,
 }
 
@@ -239,8 +304,15 @@ def worker_main(spec_file: str, out_file: str) -> None:
     prompts, outputs = make_workload(
         spec["num_requests"], spec["prompt_range"], spec["output_range"], spec["token_range"], spec["seed"]
     )
-    result = WORKERS[spec["system"]](spec, prompts, outputs)
-    Path(out_file).write_text(json.dumps(result))
+    try:
+        result = WORKERS[spec["system"]](spec, prompts, outputs)
+    except Exception as e:  # a missing toolchain is a skipped row with its reason, not a crash
+        from benchmarks.llamacpp import LlamaCppUnavailable
+
+        if not isinstance(e, LlamaCppUnavailable):
+            raise
+        result = {"error": f"skipped: {e}"}
+    Path(out_file).write_text(json.dumps(result, default=str))
 
 
 if __name__ == "__main__":

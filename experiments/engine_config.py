@@ -21,6 +21,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         block_size=cache.block_size,
         num_blocks=cache.num_blocks,
         kv_cache_memory_gb=cache.memory_gb,
+        kv_cache_dtype=cache.get("dtype", "auto"),
         gpu_memory_utilization=cache.gpu_memory_utilization,
         enable_prefix_caching=cache.prefix_caching,
         max_num_batched_tokens=sched.max_num_batched_tokens,

@@ -184,14 +184,19 @@ def replay_http(specs: Sequence[RequestSpec], base_url: str, model: str, **kwarg
 
 # ---- the experiment over HTTP: same config, same result files as experiments.runner --------------------------
 def server_info(base_url: str, api_key: str | None = None) -> dict:
-    """The served model's card: id, max_model_len, vocab_size (this server's extension fields)."""
+    """The served model's card: id, max_model_len, vocab_size (this server's extension fields; llama-server's
+    are taken from its `meta`)."""
     import httpx
 
     base = base_url.rstrip("/").removesuffix("/v1")
     headers = _auth_headers(api_key)
     r = httpx.get(base + "/v1/models", headers=headers, timeout=30)
     r.raise_for_status()
-    return r.json()["data"][0]
+    card = r.json()["data"][0]
+    meta = card.get("meta") or {}  # llama-server's card keeps them here
+    card.setdefault("max_model_len", meta.get("n_ctx"))
+    card.setdefault("vocab_size", meta.get("n_vocab"))
+    return card
 
 
 def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = None, quiet: bool = False) -> dict:

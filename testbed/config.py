@@ -27,6 +27,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on GPU
+    kv_cache_dtype: str = "auto"  # auto (= dtype) | float32 | bfloat16 | float16; attention accumulates in fp32
     device: str | None = None  # None: cuda if available
     seed: int = 0
     speculative_config: dict | None = None  # vLLM's spelling: {"method": "ngram"|"draft"|"layerskip", ...}
@@ -57,6 +58,10 @@ class EngineConfig:
             from testbed.sim.config import SimConfig
 
             SimConfig.from_any(self.sim_config or {})  # validate early
+        if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"kv_cache_dtype must be auto, float32, float16 or bfloat16, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype != "auto" and self.kernel == "triton":
+            raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
         if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
             raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}")
         from testbed.spec.config import SpeculativeConfig

@@ -17,7 +17,7 @@ from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from testbed.core.swap import SwapManager
 from testbed.executor.base import ExecutorOutput
 from testbed.executor.build import build_executor
-from testbed.executor.kv_cache import kv_bytes_per_block, num_blocks_from_memory, num_host_blocks
+from testbed.executor.kv_cache import kv_bytes_per_block, kv_cache_dtype, num_blocks_from_memory, num_host_blocks
 from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
 from testbed.isolation import RunInvalid, error_message
@@ -67,9 +67,12 @@ class Engine:
         else:
             self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
             self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
+        self.kv_dtype = kv_cache_dtype(config, self.dtype)
         # the kernels that run (named in every summary); a simulation runs none (a profile names its own)
         self.kernel = sim.kernel if sim else resolve_kernel(config.kernel, self.device)
         self.backend = None if sim else get_backend(self.kernel)
+        if self.kv_dtype != self.dtype and self.kernel == "triton":  # kernel=auto resolved to triton
+            raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
         bs = config.block_size
         if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
@@ -87,10 +90,10 @@ class Engine:
             )
         else:
             num_blocks = config.num_blocks or num_blocks_from_memory(
-                self.arch, self.dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
+                self.arch, self.kv_dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
             )
             # before the block pool is built: an absurd budget must fail now, not hang building it
-            check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.dtype, bs), self.device)
+            check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.kv_dtype, bs), self.device)
         self.kv = get_allocator(
             config.cache,
             num_blocks,
@@ -101,7 +104,9 @@ class Engine:
         )
         swap = num_cpu_blocks = None
         if config.preemption_mode == "swap":
-            num_cpu_blocks = config.num_cpu_blocks or num_host_blocks(self.arch, self.dtype, bs, config.swap_space_gb)
+            num_cpu_blocks = config.num_cpu_blocks or num_host_blocks(
+                self.arch, self.kv_dtype, bs, config.swap_space_gb
+            )
             swap = SwapManager(self.kv, num_cpu_blocks)
         scheduler_config = SchedulerConfig(
             config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len

@@ -7,12 +7,17 @@ The build needs a C++ compiler (g++) and ninja; the result is cached under TORCH
 import hashlib
 import platform
 import shutil
+import time
 from functools import cache
 from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp")]
+_SOURCES = [
+    Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp", "linear.cpp", "decode_layers.cpp")
+]
+# linear(): rows up to this many go to the few-rows kernel (linear.cpp), more to torch's GEMM
+FEW_ROWS = 32
 
 
 def _cpu_tag() -> str:
@@ -26,18 +31,28 @@ def _cpu_tag() -> str:
 
 
 @cache
-def load() -> None:
-    """Compile (once) and load the extension; its ops then live under torch.ops.testbed_cpu."""
+def load() -> float:
+    """Compile (once per machine) and load the extension; its ops then live under torch.ops.testbed_cpu.
+    Returns the seconds this took (a compile shows as tens of seconds, a cached build as well under one)."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         raise RuntimeError(
             "kernel=cpu needs a C++ compiler (g++) to build its kernels; install one or use kernel=torch"
         )
+    import sys
+
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
+    name = f"testbed_cpu_kernels_{_cpu_tag()}"
+    folder = Path(_get_build_directory(name, verbose=False))
+    if not any(folder.glob("*.so")):  # progress for the one-off compile; an up-to-date build says nothing
+        print(f"[testbed] kernel=cpu: compiling its C++ kernels into {folder} (once, ~1 min)", file=sys.stderr)
+    start = time.perf_counter()
     try:
         build(
-            name=f"testbed_cpu_kernels_{_cpu_tag()}",
+            name=name,
             sources=[str(s) for s in _SOURCES],
+            extra_include_paths=[str(Path(__file__).parent)],
             is_python_module=False,
             extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -45,6 +60,10 @@ def load() -> None:
         )
     except (RuntimeError, OSError) as e:
         raise RuntimeError(f"kernel=cpu: building its C++ kernels failed (use kernel=torch meanwhile): {e}") from e
+    seconds = time.perf_counter() - start
+    if seconds > 5:
+        print(f"[testbed] kernel=cpu: C++ kernels ready after {seconds:.0f} s (cached from now on)", file=sys.stderr)
+    return seconds
 
 
 def paged_decode(
@@ -56,7 +75,8 @@ def paged_decode(
     scale: float,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its paged KV; same contract as reference.paged_attention_ref."""
+    """One query token per sequence over its paged KV; same contract as reference.paged_attention_ref.
+    The cache may be in a different float dtype than q (kv_cache_dtype)."""
     load()
     out = torch.empty_like(q) if out is None else out
     torch.ops.testbed_cpu.paged_decode(
@@ -71,26 +91,58 @@ def paged_decode(
     return out
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+    """Same contract as reference.write_kv_ref (slot -1 = not written); k/v may be strided views."""
+    load()
+    torch.ops.testbed_cpu.write_kv(k, v, k_cache, v_cache, slot_mapping.to(torch.int64).contiguous())
+
+
+def decode_attention(q, k, v, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    """write_kv then paged_decode, in one call (a pure decode step)."""
+    load()
+    return torch.ops.testbed_cpu.decode_attention(
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping.to(torch.int64).contiguous(),
+        block_tables.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(),
+        scale,
+    )
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """Same contract as reference.rms_norm_ref: normed(x), or (normed(x + residual), x + residual)."""
     load()
-    x = x.contiguous()
-    out = torch.empty_like(x)
     if residual is None:
-        torch.ops.testbed_cpu.rms_norm(out, x, weight, eps)
-        return out
-    residual_out = torch.empty_like(x)
-    torch.ops.testbed_cpu.add_rms_norm(out, residual_out, x, residual.contiguous(), weight, eps)
-    return out, residual_out
+        return torch.ops.testbed_cpu.rms_norm(x.contiguous(), weight, eps)
+    return torch.ops.testbed_cpu.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
 
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
     """Neox-style rotary embedding, same contract as reference.rotary_ref; q/k may be strided views."""
     load()
-    positions = positions.to(torch.int64).contiguous()
-    rotated = []
-    for x in (q, k):
-        out = torch.empty(x.shape, dtype=x.dtype)
-        torch.ops.testbed_cpu.rotary(out, x if x.stride(-1) == 1 else x.contiguous(), positions, cos_sin_cache)
-        rotated.append(out)
-    return tuple(rotated)
+    return torch.ops.testbed_cpu.rotary(positions.to(torch.int64).contiguous(), q, k, cos_sin_cache)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias): float32 inputs of up to FEW_ROWS rows go to linear.cpp's few-rows kernel
+    (weights streamed once, batch invariant), anything else to torch's GEMM."""
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > FEW_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
+    load()
+    return torch.ops.testbed_cpu.linear_rows(x.contiguous(), weight, bias)
+
+
+def decode_layers(hidden, positions, meta_tensors, cos_sin, weights, kv_caches, shape, few_rows: int):
+    """A pure decode step's decoder layers in one C++ call (decode_layers.cpp); see CpuBackend.decode_layers.
+    meta_tensors: (slot_mapping, block_tables, seq_lens); shape: (num_heads, num_kv_heads, head_dim, eps, scale);
+    weights: 9 entries per layer (decode_layers.cpp's Weight order); kv_caches: k, v per layer.
+    Returns (hidden, residual) after the last layer."""
+    load()
+    slots, tables, seq_lens = meta_tensors
+    return torch.ops.testbed_cpu.decode_layers(
+        hidden, None, positions, slots, tables, seq_lens, cos_sin, weights, kv_caches, *shape, few_rows
+    )

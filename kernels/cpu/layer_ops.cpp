@@ -5,7 +5,11 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <tuple>
 
+#include "ops.h"
+
+namespace testbed_cpu {
 namespace {
 
 // Rows per parallel task: enough work per task that small (decode) batches stay on one thread.
@@ -70,54 +74,66 @@ void check_rows(const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), what, ": contiguous CPU tensors only");
 }
 
-void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: q/k must be [tokens, heads, head_dim], head_dim contiguous");
+    TORCH_CHECK(cos_sin.scalar_type() == x.scalar_type() && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
+                "rotary: cos_sin cache must be [max_pos, head_dim] in q/k's dtype");
+    TORCH_CHECK(positions.numel() == x.size(0), "rotary: one position per token");
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rotary", [&] {
+        rotary_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
+                              cos_sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1));
+    });
+    return out;
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     check_rows(x, "rms_norm");
-    check_rows(out, "rms_norm");
     const int64_t hidden = x.size(-1);
     TORCH_CHECK(weight.numel() == hidden && weight.scalar_type() == x.scalar_type(), "rms_norm: weight mismatch");
+    at::Tensor out = at::empty_like(x);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
         rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
                                 weight.contiguous().data_ptr<scalar_t>(), x.numel() / hidden, hidden, eps);
     });
+    return out;
 }
 
-void add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& residual,
-                  const at::Tensor& weight, double eps) {
-    for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&out, &residual_out, &x, &residual})
-        check_rows(*t, "add_rms_norm");
+// (normed(x + residual), x + residual)
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+    check_rows(x, "add_rms_norm");
+    check_rows(residual, "add_rms_norm");
     const int64_t hidden = x.size(-1);
     TORCH_CHECK(weight.numel() == hidden && weight.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes() &&
                     residual.scalar_type() == x.scalar_type(),
                 "add_rms_norm: shapes or dtypes disagree");
+    at::Tensor out = at::empty_like(x), residual_out = at::empty_like(x);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
         rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), residual_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                                 residual.data_ptr<scalar_t>(), weight.contiguous().data_ptr<scalar_t>(),
                                 x.numel() / hidden, hidden, eps);
     });
+    return {out, residual_out};
 }
 
-void rotary(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
-    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: x must be [tokens, heads, head_dim], head_dim contiguous");
-    check_rows(out, "rotary");
+// Rotated (q, k), new contiguous tensors; q/k may be strided views of a fused qkv projection.
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& cos_sin) {
     check_rows(cos_sin, "rotary");
     TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(), "rotary: positions must be int64");
-    TORCH_CHECK(cos_sin.scalar_type() == x.scalar_type() && cos_sin.size(1) == x.size(2) && x.size(2) % 2 == 0,
-                "rotary: cos_sin cache must be [max_pos, head_dim] in x's dtype");
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rotary", [&] {
-        rotary_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
-                              cos_sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2), x.stride(0), x.stride(1));
-    });
+    return {rotate(q, positions, cos_sin), rotate(k, positions, cos_sin)};
 }
 
-}  // namespace
+}  // namespace testbed_cpu
 
 TORCH_LIBRARY_FRAGMENT(testbed_cpu, m) {
-    m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
-    m.def(
-        "add_rms_norm(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor residual, Tensor weight, "
-        "float eps) -> ()");
-    m.def("rotary(Tensor(a!) out, Tensor x, Tensor positions, Tensor cos_sin) -> ()");
-    m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(rms_norm));
-    m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(add_rms_norm));
-    m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(rotary));
+    m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+    m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+    m.def("rotary(Tensor positions, Tensor q, Tensor k, Tensor cos_sin) -> (Tensor, Tensor)");
+    m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::rms_norm));
+    m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::add_rms_norm));
+    m.impl("rotary", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::rotary));
 }

@@ -1,5 +1,7 @@
 // Paged decode attention for the CPU: one query token per sequence, reading K/V straight from the
 // block table (no gather copy), GQA-aware, fp32 accumulation. Parallel over sequences, balanced by length.
+// The cache may hold a narrower dtype than the queries (kv_cache_dtype): rows are widened to fp32 as read.
+// Also the KV write (a step's new keys/values into their slots), alone or fused in front of the decode.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -10,17 +12,11 @@
 #include <numeric>
 #include <vector>
 
+#include "ops.h"
+#include "vec.h"
+
+namespace testbed_cpu {
 namespace {
-
-inline float to_float(float x) { return x; }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
-// 8 floats; GCC/Clang vector extension: AVX with -march=native on x86, two 128-bit ops elsewhere.
-// aligned(4): rows start anywhere in the cache.
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
-
-inline float hsum(v8f v) { return (v[0] + v[1]) + (v[2] + v[3]) + (v[4] + v[5]) + (v[6] + v[7]); }
 
 // A cache row as fp32: itself for fp32 caches, else converted into `buf`.
 inline const float* as_float(const float* row, float*, int64_t) { return row; }
@@ -32,12 +28,10 @@ inline const float* as_float(const T* row, float* buf, int64_t d) {
 
 // scores[g] = q_g . k for every query head g of the group (q pre-scaled, [group, d]); d % 8 == 0.
 inline void dots(const float* q, const float* k, int64_t group, int64_t d, float* scores, int64_t score_stride) {
-    const int64_t nv = d / 8;
-    const v8f* kv = reinterpret_cast<const v8f*>(k);
     for (int64_t g = 0; g < group; ++g) {
-        const v8f* qv = reinterpret_cast<const v8f*>(q + g * d);
-        v8f acc = qv[0] * kv[0];
-        for (int64_t i = 1; i < nv; ++i) acc += qv[i] * kv[i];
+        const float* qg = q + g * d;
+        v8f acc = load8(qg) * load8(k);
+        for (int64_t i = 8; i < d; i += 8) acc += load8(qg + i) * load8(k + i);
         scores[g * score_stride] = hsum(acc);
     }
 }
@@ -61,8 +55,8 @@ inline void prefetch_block(const void* p, int64_t bytes) {
 }
 
 // One sequence, all heads: reads each of its KV blocks front to back once for K and once for V.
-template <typename T>
-void decode_sequence(int64_t s, T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+template <typename T, typename C>
+void decode_sequence(int64_t s, T* out, const T* q, const C* k_cache, const C* v_cache, const int32_t* table,
                      int64_t len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                      float scale, int64_t q_stride_tok, int64_t q_stride_head, int64_t o_stride_tok,
                      int64_t o_stride_head, std::vector<float>& scores, std::vector<float>& qf, std::vector<float>& acc,
@@ -79,8 +73,8 @@ void decode_sequence(int64_t s, T* out, const T* q, const T* k_cache, const T* v
     }
     // scores[h, t] = q_h . k_t (the query heads of a group share their KV head's row)
     for (int64_t b = 0; b < num_blocks; ++b) {
-        const T* kblk = k_cache + int64_t(table[b]) * blk_stride;
-        if (b + 1 < num_blocks) prefetch_block(k_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(T));
+        const C* kblk = k_cache + int64_t(table[b]) * blk_stride;
+        if (b + 1 < num_blocks) prefetch_block(k_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(C));
         const int64_t t0 = b * block_size, n = std::min(block_size, len - t0);
         for (int64_t j = 0; j < n; ++j) {
             for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
@@ -105,8 +99,8 @@ void decode_sequence(int64_t s, T* out, const T* q, const T* k_cache, const T* v
     // out[h] = sum_t p[h, t] v_t
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t b = 0; b < num_blocks; ++b) {
-        const T* vblk = v_cache + int64_t(table[b]) * blk_stride;
-        if (b + 1 < num_blocks) prefetch_block(v_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(T));
+        const C* vblk = v_cache + int64_t(table[b]) * blk_stride;
+        if (b + 1 < num_blocks) prefetch_block(v_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(C));
         const int64_t t0 = b * block_size, n = std::min(block_size, len - t0);
         for (int64_t j = 0; j < n; ++j) {
             for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
@@ -121,8 +115,8 @@ void decode_sequence(int64_t s, T* out, const T* q, const T* k_cache, const T* v
     }
 }
 
-template <typename T>
-void decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
+template <typename T, typename C>
+void decode_kernel(T* out, const T* q, const C* k_cache, const C* v_cache, const int32_t* tables,
                    const int32_t* seq_lens, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                    int64_t block_size, int64_t max_blocks, float scale, int64_t q_stride_tok, int64_t q_stride_head,
                    int64_t o_stride_tok, int64_t o_stride_head) {
@@ -142,34 +136,90 @@ void decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, const
         std::vector<float> scores, qf(num_heads * head_dim), acc(num_heads * head_dim), row_buf(head_dim);
         for (int64_t task = begin; task < end; ++task) {
             for (int64_t s : tasks[task]) {
-                decode_sequence<T>(s, out, q, k_cache, v_cache, tables + s * max_blocks, seq_lens[s], num_heads,
-                                   num_kv_heads, head_dim, block_size, scale, q_stride_tok, q_stride_head, o_stride_tok,
-                                   o_stride_head, scores, qf, acc, row_buf);
+                decode_sequence<T, C>(s, out, q, k_cache, v_cache, tables + s * max_blocks, seq_lens[s], num_heads,
+                                      num_kv_heads, head_dim, block_size, scale, q_stride_tok, q_stride_head,
+                                      o_stride_tok, o_stride_head, scores, qf, acc, row_buf);
             }
         }
     });
 }
 
-template <typename T>
-void run_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
-    decode_kernel<T>(out.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
-                     block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), q.size(0), q.size(1),
-                     k_cache.size(2), q.size(2), k_cache.size(1), block_tables.size(1), static_cast<float>(scale),
-                     q.stride(0), q.stride(1), out.stride(0), out.stride(1));
+// Calls f.template operator()<T>() with T the C++ type of a float32 / float16 / bfloat16 dtype.
+template <typename F>
+void dispatch_float(at::ScalarType dtype, const char* what, F&& f) {
+    switch (dtype) {
+        case at::kFloat:
+            f(float{});
+            break;
+        case at::kHalf:
+            f(c10::Half{});
+            break;
+        case at::kBFloat16:
+            f(c10::BFloat16{});
+            break;
+        default:
+            TORCH_CHECK(false, what, ": float32, float16 or bfloat16 only, got ", dtype);
+    }
+}
+
+void check_cache(const at::Tensor& k_cache, const at::Tensor& v_cache, const char* what) {
+    TORCH_CHECK(k_cache.device().is_cpu() && k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
+                    v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type(),
+                what, ": caches must be contiguous [blocks, block_size, kv_heads, head_dim] of one dtype");
+}
+
+// new k/v rows [tokens, kv_heads, head_dim] (head_dim contiguous, any token/head stride) -> their cache slots;
+// slot -1: padding, nothing written.
+template <typename T, typename C>
+void write_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                const at::Tensor& slot_mapping) {
+    const int64_t tokens = k.size(0), heads = k.size(1), d = k.size(2);
+    const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    for (const at::Tensor* pair : {&k, &v}) {
+        const T* src = pair->data_ptr<T>();
+        C* dst = (pair == &k ? k_cache : v_cache).data_ptr<C>();
+        const int64_t st = pair->stride(0), sh = pair->stride(1);
+        for (int64_t t = 0; t < tokens; ++t) {
+            const int64_t slot = slots[t];
+            if (slot < 0) continue;
+            TORCH_CHECK(slot < num_slots, "write_kv: slot ", slot, " outside the cache (", num_slots, " slots)");
+            C* row = dst + slot * heads * d;
+            for (int64_t h = 0; h < heads; ++h)
+                for (int64_t i = 0; i < d; ++i) row[h * d + i] = static_cast<C>(to_float(src[t * st + h * sh + i]));
+        }
+    }
+}
+
+}  // namespace
+
+void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slot_mapping) {
+    check_cache(k_cache, v_cache, "write_kv");
+    TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.stride(2) == 1 && v.stride(2) == 1 &&
+                    v.scalar_type() == k.scalar_type(),
+                "write_kv: k and v must be [tokens, kv_heads, head_dim] of one dtype, head_dim contiguous");
+    TORCH_CHECK(k.size(1) == k_cache.size(2) && k.size(2) == k_cache.size(3),
+                "write_kv: k/v and cache shapes disagree");
+    TORCH_CHECK(
+        slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == k.size(0),
+        "write_kv: slot_mapping must be contiguous int64, one per token");
+    dispatch_float(k.scalar_type(), "write_kv", [&](auto t) {
+        dispatch_float(k_cache.scalar_type(), "write_kv",
+                       [&](auto c) { write_rows<decltype(t), decltype(c)>(k, v, k_cache, v_cache, slot_mapping); });
+    });
 }
 
 // out/q: [num_seqs, num_heads, head_dim] (last dim contiguous); caches: [num_blocks, block_size,
-// num_kv_heads, head_dim] contiguous; block_tables: [num_seqs, max_blocks] int32; seq_lens: [num_seqs] int32.
+// num_kv_heads, head_dim] contiguous, in q's dtype or another float dtype; block_tables: [num_seqs, max_blocks]
+// int32; seq_lens: [num_seqs] int32 (0: a padding row, its output is zeros).
 void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
     TORCH_CHECK(q.device().is_cpu(), "paged_decode: CPU tensors only");
     TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "paged_decode: q and out must be [seqs, heads, head_dim]");
     TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "paged_decode: head_dim must be contiguous");
-    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4,
-                "paged_decode: caches must be contiguous [blocks, block_size, kv_heads, head_dim]");
-    TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
-                "paged_decode: q, out and the cache must share a dtype");
+    check_cache(k_cache, v_cache, "paged_decode");
+    TORCH_CHECK(q.scalar_type() == out.scalar_type(), "paged_decode: q and out must share a dtype");
     TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                     block_tables.is_contiguous() && seq_lens.is_contiguous(),
                 "paged_decode: block_tables and seq_lens must be contiguous int32");
@@ -178,20 +228,39 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
     TORCH_CHECK(k_cache.size(3) == head_dim && num_heads % num_kv_heads == 0, "paged_decode: head shapes disagree");
     TORCH_CHECK(head_dim % 8 == 0, "paged_decode: head_dim must be a multiple of 8, got ", head_dim);
     TORCH_CHECK(block_tables.size(0) == num_seqs && seq_lens.size(0) == num_seqs, "paged_decode: batch sizes disagree");
-    AT_DISPATCH_SWITCH(q.scalar_type(), "paged_decode", AT_DISPATCH_CASE(at::kFloat, [&] {
-                           run_decode<scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
-                       }) AT_DISPATCH_CASE(at::kHalf, [&] {
-                           run_decode<scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
-                       }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-                           run_decode<scalar_t>(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
-                       }));
+    dispatch_float(q.scalar_type(), "paged_decode", [&](auto t) {
+        dispatch_float(k_cache.scalar_type(), "paged_decode", [&](auto c) {
+            using T = decltype(t);
+            using C = decltype(c);
+            decode_kernel<T, C>(out.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<C>(), v_cache.data_ptr<C>(),
+                                block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, num_heads,
+                                num_kv_heads, head_dim, k_cache.size(1), block_tables.size(1),
+                                static_cast<float>(scale), q.stride(0), q.stride(1), out.stride(0), out.stride(1));
+        });
+    });
 }
 
-}  // namespace
+// A decode step's attention in one call: this step's k/v into the cache, then each sequence's query over it.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                            at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                            const at::Tensor& seq_lens, double scale) {
+    write_kv(k, v, k_cache, v_cache, slot_mapping);
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    paged_decode(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
+    return out;
+}
+
+}  // namespace testbed_cpu
 
 TORCH_LIBRARY(testbed_cpu, m) {
     m.def(
         "paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, float scale) -> ()");
-    m.impl("paged_decode", c10::DispatchKey::CPU, TORCH_FN(paged_decode));
+    m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+    m.def(
+        "decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
+        "Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
+    m.impl("paged_decode", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::paged_decode));
+    m.impl("write_kv", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::write_kv));
+    m.impl("decode_attention", c10::DispatchKey::CPU, TORCH_FN(testbed_cpu::decode_attention));
 }

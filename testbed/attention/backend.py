@@ -71,6 +71,14 @@ class KernelBackend:
         out = torch.einsum("skgt,stkd->skgd", probs, v.float())
         return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
+    def linear(self, x, weight, bias=None):
+        return torch.nn.functional.linear(x, weight, bias)
+
+    def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
+        """A backend may run a step's decoder layers in one call, returning (hidden, residual) after the last
+        one, bit-identical to running the layers; None (here) means: run them one by one."""
+        return None
+
     def rms_norm(self, x, weight, eps, residual=None):
         return reference.rms_norm_ref(x, weight, eps, residual)
 

@@ -1,10 +1,13 @@
 """CPU backend (`kernel=cpu`): what makes the engine fast on a CPU without changing its results.
 
 Decode rows go to a C++ paged-decode kernel that reads K/V straight through the block table (the torch
-reference gathers every sequence's blocks into a padded copy first, which dominated decode time);
-prefill chunks run torch's fused scaled_dot_product_attention per sequence. RMSNorm (+residual) and
-rotary are fused C++ loops (one pass over memory where the reference makes several); SiLU-mul stays
-torch's (its vectorised exp beats a plain C++ loop).
+reference gathers every sequence's blocks into a padded copy first, which dominated decode time); in a
+pure decode step the KV write and the attention are one call. Prefill chunks run torch's fused
+scaled_dot_product_attention per sequence. Linear layers with few rows (decode steps, the LM head) use a
+C++ kernel that streams each weight row once (kernels/cpu/linear.cpp); larger ones torch's GEMM.
+RMSNorm (+residual) and rotary are fused C++ loops (one pass over memory where the reference makes
+several); SiLU-mul stays torch's (its vectorised exp beats a plain C++ loop). The KV cache may be in a
+narrower float dtype than the model (kv_cache_dtype): rows are widened to fp32 as they are read.
 """
 
 import torch
@@ -19,11 +22,17 @@ class CpuBackend(KernelBackend):
     name = "cpu"
 
     def __init__(self):
-        cpu_kernels.load()  # compile (or load the cached build) now, not inside the first step
+        # compile (or load the cached build) now, not inside the first step; the one-off time is reported
+        self.build_seconds = cpu_kernels.load()
         self._split_of, self._split_cache = None, None
+        self._layer_weights = {}  # (first layer's id, number of layers) -> decode_layers' weight list
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        reference.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode_only and q.shape[0] == meta.num_seqs:
+            return cpu_kernels.decode_attention(
+                q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_tables, meta.seq_lens, scale
+            )
+        cpu_kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         return self.attend_cached(q, k_cache, v_cache, meta, scale)
 
     def attend_cached(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -53,6 +62,31 @@ class CpuBackend(KernelBackend):
             self._split_of = meta
         return self._split_cache
 
+    def linear(self, x, weight, bias=None):
+        return cpu_kernels.linear(x, weight, bias)
+
+    def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
+        """Pure decode steps: every layer in one C++ call, the same kernels in the same order as the layers'
+        own forward (kernels/cpu/decode_layers.cpp), without a Python round trip per op."""
+        if not (meta.is_decode_only and hidden.shape[0] == meta.num_seqs and len(layers)):
+            return None
+        attn = layers[0].self_attn
+        key = (id(layers[0]), len(layers))
+        if key not in self._layer_weights:
+            self._layer_weights[key] = [w for layer in layers for w in _layer_weights(layer)]
+        few_rows = cpu_kernels.FEW_ROWS if hidden.dtype == torch.float32 else -1  # as linear(): fp32 only
+        eps = layers[0].input_layernorm.eps
+        return cpu_kernels.decode_layers(
+            hidden,
+            positions,
+            (meta.slot_mapping, meta.block_tables, meta.seq_lens),
+            cos_sin,
+            self._layer_weights[key],
+            [t for kv in kv_caches[: len(layers)] for t in kv],
+            (attn.num_heads, attn.num_kv_heads, attn.head_dim, eps, attn.scale),
+            few_rows,
+        )
+
     def rms_norm(self, x, weight, eps, residual=None):
         return cpu_kernels.rms_norm(x, weight, eps, residual)
 
@@ -60,12 +94,32 @@ class CpuBackend(KernelBackend):
         return cpu_kernels.rotary(positions, q, k, cos_sin_cache)
 
 
+def _layer_weights(layer) -> list:
+    """One decoder layer's tensors in decode_layers.cpp's order (None where the architecture has none)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+    eps = {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
+    if attn.q_norm is not None:
+        eps |= {attn.q_norm.eps, attn.k_norm.eps}
+    assert len(eps) == 1, "decode_layers takes one RMSNorm epsilon for every norm of the model"
+    return [
+        layer.input_layernorm.weight,
+        attn.qkv_proj.weight,
+        attn.qkv_proj.bias,
+        *norms,
+        attn.o_proj.weight,
+        layer.post_attention_layernorm.weight,
+        mlp.gate_up_proj.weight,
+        mlp.down_proj.weight,
+    ]
+
+
 def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -> torch.Tensor:
     """Causal attention of one sequence's query chunk (the last q_len tokens of ctx_len) over its cache."""
     q_len = q.shape[0]
     # 4-D [1, heads, len, d] inputs: torch's CPU flash kernel (3-D ones fall back to the unfused math path)
-    k = reference.gather_kv_ref(k_cache, block_table, ctx_len).transpose(0, 1)[None]
-    v = reference.gather_kv_ref(v_cache, block_table, ctx_len).transpose(0, 1)[None]
+    k = reference.gather_kv_ref(k_cache, block_table, ctx_len).to(q.dtype).transpose(0, 1)[None]
+    v = reference.gather_kv_ref(v_cache, block_table, ctx_len).to(q.dtype).transpose(0, 1)[None]
     if q_len == ctx_len:
         mask, causal = None, True
     else:  # a chunk after a cached prefix: query i sees keys up to its position

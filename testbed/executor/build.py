@@ -9,7 +9,7 @@ from testbed.config import EngineConfig
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.cuda_graphs import CudaGraphRunner, default_capture_sizes, use_cuda_graphs
 from testbed.executor.host_buffers import InputBuffers
-from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache
+from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache, kv_cache_dtype
 from testbed.executor.model_runner import ModelRunner
 from testbed.executor.null_executor import NullExecutor
 from testbed.executor.sampler import Sampler
@@ -61,8 +61,9 @@ def build_executor(
     scratch = 0
     if spec_config.method == "layerskip":  # the draft writes its KV into the target's tensors
         scratch = num_scratch_blocks(spec_config.num_speculative_tokens, config.block_size, config.max_num_seqs)
+    kv_dtype = kv_cache_dtype(config, dtype)
     kv_caches = allocate_kv_cache(
-        spec.arch, num_blocks + scratch, config.block_size, spec.arch.num_hidden_layers, dtype, device
+        spec.arch, num_blocks + scratch, config.block_size, spec.arch.num_hidden_layers, kv_dtype, device
     )
     speculator = build_speculator(
         spec_config,
@@ -85,7 +86,7 @@ def build_executor(
             (
                 kv_caches,
                 allocate_kv_cache(
-                    spec.arch, num_cpu_blocks, config.block_size, spec.arch.num_hidden_layers, dtype, "cpu"
+                    spec.arch, num_cpu_blocks, config.block_size, spec.arch.num_hidden_layers, kv_dtype, "cpu"
                 ),
             )
         ]

@@ -9,6 +9,11 @@ import torch
 from testbed.core.swap import KVCopy
 
 
+def kv_cache_dtype(config, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: config.kv_cache_dtype, or the model's dtype for "auto"."""
+    return dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+
+
 def kv_bytes_per_block(arch, dtype: torch.dtype, block_size: int) -> int:
     return arch.kv_bytes_per_token(dtype.itemsize) * block_size
 

@@ -1,6 +1,7 @@
 """Llama-family decoder (llama, mistral, qwen2, qwen3) over a flat batch of tokens.
 
-Every op with a kernel goes through `ops` (a KernelBackend), so `kernel=torch|triton` swaps them all.
+Every op with a kernel goes through `ops` (a KernelBackend), linear layers included, so `kernel=torch|triton|cpu`
+swaps them all; a backend may also run a decode step's layers in one call (`ops.decode_layers`, kernel=cpu).
 Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj (see weights.py).
 """
 
@@ -10,6 +11,17 @@ from torch import nn
 from testbed.attention.backend import AttentionMetadata, KernelBackend
 from testbed.models.arch import ModelArch
 from testbed.models.rope import cos_sin_cache
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) whose matmul goes through the kernel backend."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ops: KernelBackend):
+        super().__init__(in_features, out_features, bias=bias)
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -31,8 +43,8 @@ class Attention(nn.Module):
             arch.head_dim,
         )
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.qkv_proj = Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, arch.attention_bias, ops)
+        self.o_proj = Linear(self.q_size, arch.hidden_size, False, ops)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -54,8 +66,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend):
         super().__init__()
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, False, ops)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, False, ops)
         self.ops = ops
 
     def forward(self, x):
@@ -92,8 +104,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend, max_positions: int):
         super().__init__()
         self.arch = arch
+        self.ops = ops
         self.model = LlamaModel(arch, ops)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, ops)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.max_positions = max_positions
@@ -114,8 +127,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, num_layers: int | None = None):
         """Hidden states after the final norm; `num_layers` runs only the first L layers (self-speculation)."""
         hidden, residual = self.model.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.model.layers[:num_layers], kv_caches):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, self.cos_sin)
+        # (slicing an nn.ModuleList builds a new one, a cost per step: only for self-speculation)
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        fused = self.ops.decode_layers(layers, positions, hidden, kv_caches, meta, self.cos_sin)
+        if fused is not None:  # the backend ran the layers in one call (kernel=cpu decode steps)
+            hidden, residual = fused
+        else:
+            for layer, kv_cache in zip(layers, kv_caches):
+                hidden, residual = layer(positions, hidden, residual, kv_cache, meta, self.cos_sin)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 

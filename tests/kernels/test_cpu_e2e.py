@@ -38,3 +38,52 @@ def test_cpu_kernel_matches_torch_greedy(tokenizer):
         outs[kernel] = [o.outputs[0].token_ids for o in llm.generate(prompt_ids, params)]
     assert all(len(t) == 24 for t in outs["torch"])
     assert outs["cpu"] == outs["torch"]
+
+
+# Batch sizes for the one-call decode path (decode_layers): every decode step of a run has exactly `batch`
+# rows, since all prompts are prefilled in the first step and all ask for the same number of tokens.
+TOPICS = ["the sea", "mountains", "a library", "trains", "bread", "the moon", "chess", "rain"]
+STARTS = ["Write one sentence about", "My favourite thing about", "Here is a short poem on", "A fact about"]
+BATCH_PROMPTS = [f"{s} {t}" + ("." if (i + j) % 3 else ":") for i, s in enumerate(STARTS) for j, t in enumerate(TOPICS)]
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_folder):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("batch", [1, 3, *(pytest.param(b, marks=pytest.mark.slow) for b in (8, 32))])
+def test_cpu_kernel_matches_transformers_at_batch_size(batch, tokenizer, hf_model):
+    import torch
+
+    prompt_ids = [tokenizer.encode(p) for p in BATCH_PROMPTS[:batch]]
+    llm = LLM(model="smollm2-135m", kernel="cpu", max_num_seqs=batch, max_num_batched_tokens=2048)
+    rows = []  # rows of each step that ran the one-call decode path
+    backend = llm.engine.backend
+    fused = backend.decode_layers
+
+    def spy(layers, positions, hidden, *args):
+        out = fused(layers, positions, hidden, *args)
+        if out is not None:
+            rows.append(hidden.shape[0])
+        return out
+
+    backend.decode_layers = spy
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompt_ids, params)]
+    assert rows == [batch] * 15  # 16 tokens: the first from the prefill step, 15 decode steps of `batch` rows
+    with torch.no_grad():
+        for i, ids in enumerate(prompt_ids):
+            x = torch.tensor([ids])
+            ref = hf_model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=16,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            assert ours[i] == ref[0, len(ids) :].tolist(), f"prompt {i} ({BATCH_PROMPTS[i]!r}) at batch {batch}"

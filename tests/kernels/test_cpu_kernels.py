@@ -54,11 +54,53 @@ def test_paged_decode_strided_query(cpu_kernels, paged_kv, assert_close):
     assert_close(cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, 0.125), ref)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
+def test_paged_decode_narrow_kv_cache(cpu_kernels, paged_kv, assert_close, cache_dtype):
+    """kv_cache_dtype: fp32 queries over a bf16/fp16 cache, accumulated in fp32 (the reference widens too)."""
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [1, 33, 200], 16, 2, 64, cache_dtype)
+    q = torch.randn(3, 6, 64)
+    ref = paged_attention_ref(q, k_cache, v_cache, torch.arange(4, dtype=torch.int32), seq_lens, tables, 0.125)
+    out = cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, 0.125)
+    assert out.dtype == torch.float32
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_matches_reference(cpu_kernels, cache_dtype):
+    """Strided k/v (views of a fused projection) into their slots, padding (-1) slots untouched."""
+    from kernels.reference import write_kv_ref
+
+    shape = (6, 4, 2, 64)
+    k_cache, v_cache = torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)
+    kv = torch.randn(5, 4 * 64)
+    k, v = kv[:, :128].view(5, 2, 64), kv[:, 128:].view(5, 2, 64)
+    slots = torch.tensor([3, -1, 17, 0, 23])
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    write_kv_ref(k, v, ref_k, ref_v, slots)
+    cpu_kernels.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu_kernels.write_kv(k, v, k_cache, v_cache, torch.tensor([0, 1, 2, 3, 24]))
+
+
+def test_decode_attention_is_write_then_decode(cpu_kernels, paged_kv):
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [17, 64, 5], 16, 1, 64, torch.float32)
+    slots = torch.tensor([int(tables[i, (n - 1) // 16]) * 16 + (n - 1) % 16 for i, n in enumerate([17, 64, 5])])
+    q, k, v = torch.randn(3, 4, 64), torch.randn(3, 1, 64), torch.randn(3, 1, 64)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    cpu_kernels.write_kv(k, v, kc, vc, slots)
+    ref = cpu_kernels.paged_decode(q, kc, vc, seq_lens, tables, 0.125)
+    out = cpu_kernels.decode_attention(q, k, v, k_cache, v_cache, slots, tables, seq_lens, 0.125)
+    assert torch.equal(out, ref) and torch.equal(k_cache, kc) and torch.equal(v_cache, vc)
+
+
 def test_paged_decode_rejects_bad_input(cpu_kernels, paged_kv):
     k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [10], 16, 2, 64, torch.float32)
     q = torch.randn(1, 4, 64)
     with pytest.raises(RuntimeError, match="share a dtype"):
-        cpu_kernels.paged_decode(q.half(), k_cache, v_cache, seq_lens, tables, 0.125)
+        cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, 0.125, out=torch.empty_like(q).half())
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16"):
+        cpu_kernels.paged_decode(q.double(), k_cache, v_cache, seq_lens, tables, 0.125)
     with pytest.raises(RuntimeError, match="batch sizes disagree"):
         cpu_kernels.paged_decode(torch.randn(2, 4, 64), k_cache, v_cache, seq_lens, tables, 0.125)
     with pytest.raises(RuntimeError, match="multiple of 8"):
