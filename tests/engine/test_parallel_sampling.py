@@ -3,8 +3,10 @@ requests compute (top-k 1 = greedy; seeded: sequence i = the request with seed +
 likely, outputs come in vLLM's shape, and bad values are refused with vLLM's messages."""
 
 import pytest
+import torch
 
 from testbed import LLM, SamplingParams
+from testbed.core.allocators.base import CopyKind
 from testbed.sampling_params import SamplingParamError
 
 from ..core.policies.helpers import sharpen
@@ -164,3 +166,24 @@ def test_static_allocators_refuse_groups():
     llm = LLM(model="tiny", cache="static_max", block_size=4, num_blocks=256, max_model_len=64)
     with pytest.raises(ValueError, match="n=2 needs sequences sharing KV blocks, which cache=static_max cannot"):
         llm.generate([[100] * 5], SamplingParams(n=2, max_tokens=4))
+
+
+def test_copy_on_write_moves_the_kv_bytes():
+    """Each copy on write reaches the executor, which copies the whole block (every layer, K and V) before
+    the forward that writes into it."""
+    llm = tiny()
+    runner, checked = llm.engine.executor, []
+    run_copies = runner.copier.run
+
+    def run_checked(copies):
+        run_copies(copies)
+        for src, dst, kind in copies:
+            assert kind is CopyKind.ON_DEVICE
+            for layer in runner.kv_caches:
+                for t in layer:
+                    assert torch.equal(t[dst[0]], t[src[0]]) and t[src[0]].abs().sum() > 0
+            checked.append(dst[0])
+
+    runner.copier.run = run_checked
+    llm.generate([PROMPTS[0]], SamplingParams(n=4, max_tokens=3))
+    assert len(checked) == 3 == llm.engine.kv.num_cow_copies
