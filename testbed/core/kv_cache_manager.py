@@ -169,8 +169,7 @@ class KVCacheManager(KVAllocator):
         self.pool.share(shared)
         self.req_blocks[cid] = list(shared)
         self._count_held(child, 0, len(shared))
-        if shared:
-            self._changed(cid, 0)
+        self._changed(cid, 0)  # even with nothing shared (a 1-token prompt): the executor gets its row now
         # the same tokens, so the same chained hashes; full blocks the parent registered stay registered
         child.block_hashes = parent.block_hashes[: num_tokens // bs]
         self.req_num_hashed[cid] = min(self.req_num_hashed.get(pid, 0), num_tokens // bs)

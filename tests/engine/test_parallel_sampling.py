@@ -10,6 +10,7 @@ from testbed.core.allocators.base import CopyKind
 from testbed.sampling_params import SamplingParamError
 
 from ..core.policies.helpers import sharpen
+from ..executor.test_host_fast_paths import StepCheck
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -187,3 +188,31 @@ def test_copy_on_write_moves_the_kv_bytes():
     runner.copier.run = run_checked
     llm.generate([PROMPTS[0]], SamplingParams(n=4, max_tokens=3))
     assert len(checked) == 3 == llm.engine.kv.num_cow_copies
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(num_blocks=40, max_num_seqs=12),  # preemption, prefix hits
+        dict(num_blocks=40, max_num_seqs=12, preemption_mode="swap", num_cpu_blocks=64),
+        dict(num_blocks=256, max_num_batched_tokens=6, enable_prefix_caching=False),
+        dict(num_blocks=64, speculative_config=dict(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3)),
+    ],
+)
+def test_host_fast_paths_hold_with_groups(kw):
+    """The engine's O(1) KV accounting, persistent block tables and allocation fast path agree with their
+    slow counterparts every step while groups fork, copy, get preempted and are aborted."""
+    llm = tiny(**kw)
+    engine = llm.engine
+    check = StepCheck(engine)
+    prompts = PROMPTS + [[7, 8, 9, 10] * 5]
+    for i, p in enumerate(prompts):
+        engine.add_request(f"g{i}", p, SamplingParams(n=3, top_k=1, max_tokens=8 + i, ignore_eos=True))
+    aborted = False
+    while engine.has_unfinished():
+        engine.step()
+        if check.steps == 6 and engine.output_processor.groups:
+            engine.abort(next(iter(engine.output_processor.groups)))
+            aborted = True
+    assert aborted and engine.kv.num_cow_copies > 0
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.kv.num_held_blocks_total == 0
