@@ -20,7 +20,7 @@ from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
 from testbed.request import Request
-from testbed.sampling_params import SamplingParamError, SamplingParams
+from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
 from testbed.sequence_group import SequenceGroup
 from testbed.validation import check_kv_cache_fits, check_request_types
 
@@ -137,6 +137,12 @@ class Engine:
                 f"request {request_id}: {what} needs sequences sharing KV blocks, which cache={self.kv.name} "
                 "cannot do (use cache=paged)",
             )
+        if params.seed is not None and params.seed + k - 1 > SEED_RANGE[1]:
+            raise SamplingParamError(
+                "seed",
+                f"request {request_id}: sequence {k - 1} would use seed {params.seed} + "
+                f"{k - 1}, beyond the largest seed {SEED_RANGE[1]}",
+            )
         max_seqs = self.config.max_num_seqs
         if k > max_seqs:
             raise SamplingParamError(
@@ -181,6 +187,9 @@ class Engine:
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request (every sequence of a group); its final output, or None if it is not in the engine."""
         group = self.output_processor.groups.get(request_id)
+        sequence = self.scheduler.requests.get(request_id)
+        if group is None and sequence is not None:
+            group = sequence.group  # one sequence's id: its whole group ends
         if group is not None:
             return self.output_processor.abort_group(group, self.scheduler.abort)
         request = self.scheduler.abort(request_id)

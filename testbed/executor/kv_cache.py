@@ -77,9 +77,22 @@ class KVBlockCopier:
 
     @torch.inference_mode()
     def run(self, copies: list[KVCopy]) -> None:
-        for src, dst, kind in copies:
+        for src, dst, kind in _coalesced(copies):
             for device_caches, host_caches in self.pairs:
                 if kind is CopyKind.ON_DEVICE:
                     copy_device_blocks(device_caches, src, dst)
                 else:
                     copy_kv_blocks(device_caches, host_caches, src, dst, kind is CopyKind.TO_HOST)
+
+
+def _coalesced(copies: list[KVCopy]) -> list[KVCopy]:
+    """Runs of consecutive copies on the device merged into one (one gather and scatter per tensor): within a
+    step a copy-on-write destination is a fresh block, never another copy's source, so order inside a run
+    does not matter. Swap copies stay as they are, in order."""
+    out: list[KVCopy] = []
+    for src, dst, kind in copies:
+        if kind is CopyKind.ON_DEVICE and out and out[-1][2] is CopyKind.ON_DEVICE:
+            out[-1] = (out[-1][0] + src, out[-1][1] + dst, kind)
+        else:
+            out.append((list(src), list(dst), kind))
+    return out

@@ -183,8 +183,9 @@ def test_abort_after_the_fork_ends_every_sequence():
     engine.add_request("g", [100 + i for i in range(10)], SamplingParams(n=3, max_tokens=40, ignore_eos=True))
     for _ in range(4):
         engine.step()
-    out = engine.abort("g")
-    assert out.finished and all(c.finish_reason == "abort" and c.token_ids for c in out.outputs)
+    out = engine.abort("1_g")  # a sequence's id ends its whole group
+    assert out.request_id == "g" and out.finished
+    assert all(c.finish_reason == "abort" and c.token_ids for c in out.outputs)
     assert engine.kv.num_free_blocks == engine.kv.num_blocks and not engine.has_unfinished()
     engine.kv.pool.check_invariants()
 

@@ -216,3 +216,10 @@ def test_host_fast_paths_hold_with_groups(kw):
             aborted = True
     assert aborted and engine.kv.num_cow_copies > 0
     assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.kv.num_held_blocks_total == 0
+
+
+def test_seed_stream_past_the_largest_seed_is_refused():
+    llm = LLM(model="tiny", block_size=4, num_blocks=64, max_model_len=256)
+    with pytest.raises(SamplingParamError, match="sequence 2 would use seed"):
+        llm.generate([[100] * 5], SamplingParams(n=3, seed=2**64 - 2))
+    assert not llm.engine.has_unfinished()

@@ -214,7 +214,9 @@ class KVAllocator:
         request that could not get memory this step (None: nothing waits for memory).
 
         Only a request's tail blocks can be partly empty and those are never shared, so physical token
-        slots are the used slots minus every request's empty held slots (shared prefix blocks count once)."""
+        slots are the used slots minus every request's empty held slots (shared prefix blocks count once).
+        (One exception, for one step: a parallel-sampling fork's partly filled prompt block, shared until its
+        holders copy it; its empty slots then count once per holder.)"""
         bs = self.block_size
         used_blocks = self.num_blocks - self.num_free_blocks
         slack = reserved = 0
