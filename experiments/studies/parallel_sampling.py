@@ -242,13 +242,15 @@ def plot(summary: pd.DataFrame, path: Path) -> None:
     for ax, name in zip(axes, WORKLOADS):
         s = summary[summary["workload"] == name]
         x = np.arange(len(s))
-        for k, (col, label) in enumerate((("saving_in_run", "fork (this engine)"), ("saving_prefix", "prefix cache"))):
+        for k, (col, label) in enumerate(
+            (("saving_vs_indep", "fork + copy on write"), ("saving_prefix", "prefix cache (v1)"))
+        ):
             ax.bar(x + (k - 0.5) * 0.38, 100 * s[col], 0.38, yerr=100 * s[f"{col}_ci95"], label=label, capsize=3)
         lo, hi = PAPER_SAVING[name]
         ax.axhspan(100 * lo, 100 * hi, color="grey", alpha=0.2, label="paper, n=2..6")
         ax.set_xticks(x, [f"n={n}" for n in s["n"]])
         ax.set_title(name)
-        ax.set_ylabel("memory saving (%)")
+        ax.set_ylabel("blocks saved vs n requests (%)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -260,9 +262,13 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--out", default="results/parallel_sampling")
+    ap.add_argument("--replot", action="store_true", help="only redraw savings.png from the runs.csv in --out")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        plot(summarise(pd.read_csv(out / "runs.csv")), out / "savings.png")
+        return
     env = environment()
     runs = measure(args.repeats, args.requests)
     summary = summarise(runs)
