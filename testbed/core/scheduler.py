@@ -268,7 +268,7 @@ class Scheduler:
 
     # ---- after the model ran ------------------------------------------------------------------
     def update(
-        self, out: SchedulerOutput, sampled: list[list[int] | None], logprobs: list[list[float] | None] | None = None
+        self, out: SchedulerOutput, sampled: list[list[int] | None], logprobs: list[list[dict] | None] | None = None
     ) -> list[tuple[Request, list[int]]]:
         """Advance computed counts and append sampled tokens. Returns (request, new tokens) for every
         request that produced tokens or finished this step."""
@@ -351,7 +351,7 @@ class Scheduler:
         return rejected
 
     def _append_tokens(
-        self, request: Request, tokens: list[int], token_logprobs: list[float] | None, now: float
+        self, request: Request, tokens: list[int], token_logprobs: list[dict] | None, now: float
     ) -> list[int]:
         """Append sampled tokens up to the first that ends the request; returns those appended."""
         stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
