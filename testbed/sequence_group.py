@@ -13,18 +13,21 @@ reaches the executor in the SchedulerOutput's `kv_copies`, run before the forwar
 Why fork after the leader's first token and recompute one token per sibling, instead of drawing best_of tokens
 from the leader's one logits row as vLLM v0 does: the executor, the sampler's per-request state and the
 speculative verifier stay one logits row per sequence, at the cost of best_of - 1 one-token rows in the step
-after the fork. Memory: after that step the group holds what v0 holds when L - 1 is not a multiple of the block
-size (the shared full blocks plus one private tail block per sequence); when it is, each sibling copies the
-block holding the prompt's last token, which v0 would share (one more block per sibling). vLLM v1 (children
+after the fork. Memory: after that step the group holds what v0 holds (the shared full blocks plus one private
+tail block per sequence) unless L is a multiple of the block size: then each sibling copies the full block
+holding the prompt's last token, which v0 keeps shared (one more block per sibling). vLLM v1 (children
 as independent requests sharing full blocks through the prefix cache, each recomputing the partial block)
 holds the same as this scheme, but only with prefix caching on, and only for blocks whose hashes are
-registered when a child is admitted. results/parallel_sampling/ measures the three.
+registered when a child is admitted. results/parallel_sampling/ measures this scheme against v1's and
+against no sharing.
 
 Scheduling rule: before the fork, the group is its leader (admitted, chunked, preempted, swapped as one
 request) holding seats for all its sequences, so the fork never exceeds max_num_seqs. After the fork every
 sequence is scheduled and preempted on its own; a preempted sequence frees its references and recomputes
 alone (through the prefix cache when it is on: its siblings' prompt blocks are usually still there), as in
-vLLM v1. Aborting the request aborts every sequence.
+vLLM v1. Aborting the request (or any of its sequences) aborts every sequence. A group is refused at
+admission (Engine.validate) when it can never run as one: more sequences than max_num_seqs, or more blocks
+than the whole cache for all its sequences at their final length (the shared full prompt blocks once).
 
 Seeds: sequence i uses seed + i (vLLM's ParentRequest rule), so sequence 0 is the same request with n=1.
 best_of > n: the n sequences with the highest cumulative logprob are returned, best first, each keeping its
