@@ -25,7 +25,8 @@ from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
 from testbed.request import Request, RequestStatus
-from testbed.sampling_params import SamplingParams
+from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
+from testbed.sequence_group import SequenceGroup
 from testbed.sim.build import plan_simulation
 from testbed.validation import check_kv_cache_fits, check_request_types
 
@@ -159,6 +160,42 @@ class Engine:
                 f"request {request_id}: {final_len} tokens need {need} KV blocks of "
                 f"{self.kv.block_size}, the whole cache has {self.kv.num_blocks}"
             )
+        if params.num_sequences > 1:
+            self._check_group(n, final_len, params, request_id)
+
+    def _check_group(self, num_prompt: int, final_len: int, params: SamplingParams, request_id: str) -> None:
+        """A parallel-sampling group must be able to run as one (testbed.sequence_group): seats for all its
+        sequences, and room for all of them at their final length at once, the prompt's full blocks counted
+        once (the partly filled one is copied by each sequence)."""
+        k, bs = params.num_sequences, self.kv.block_size
+        what, param = f"n={params.n}", "n"
+        if params.best_of is not None and params.best_of > params.n:
+            what, param = f"best_of={params.best_of}", "best_of"
+        if not self.kv.supports_fork:
+            raise SamplingParamError(
+                param,
+                f"request {request_id}: {what} needs sequences sharing KV blocks, which cache={self.kv.name} "
+                "cannot do (use cache=paged)",
+            )
+        if params.seed is not None and params.seed + k - 1 > SEED_RANGE[1]:
+            raise SamplingParamError(
+                "seed",
+                f"request {request_id}: sequence {k - 1} would use seed {params.seed} + "
+                f"{k - 1}, beyond the largest seed {SEED_RANGE[1]}",
+            )
+        max_seqs = self.config.max_num_seqs
+        if k > max_seqs:
+            raise SamplingParamError(
+                param, f"request {request_id}: {what} sequences cannot run together with max_num_seqs={max_seqs}"
+            )
+        shared = (num_prompt - 1) // bs
+        need = shared + k * (self.kv.blocks_for_request(final_len) - shared)
+        if need > self.kv.num_blocks:
+            raise SamplingParamError(
+                param,
+                f"request {request_id}: {what} sequences of up to {final_len} tokens need {need} KV blocks of {bs} "
+                f"together ({shared} shared), the whole cache has {self.kv.num_blocks}",
+            )
 
     def add_request(
         self,
@@ -168,21 +205,26 @@ class Engine:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> Request:
+        """Queue a request; with n / best_of > 1 a group of sequences (testbed.sequence_group), whose first
+        sequence is returned (its siblings start when it has computed the prompt)."""
         params = params or SamplingParams()
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or request_id in self.output_processor.groups:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         self.validate(prompt_token_ids, params, request_id)
-        request = Request(
-            request_id,
-            prompt_token_ids,
-            params,
-            self.clock() if arrival_time is None else arrival_time,
-            priority,
-            self.eos_token_ids,
-        )
+        arrival_time = self.clock() if arrival_time is None else arrival_time
+        if params.num_sequences == 1:
+            request = Request(request_id, prompt_token_ids, params, arrival_time, priority, self.eos_token_ids)
+        else:
+            group = SequenceGroup(request_id, prompt_token_ids, params, arrival_time, priority, self.eos_token_ids)
+            taken = [s.request_id for s in group.sequences if s.request_id in self.scheduler.requests]
+            if taken:
+                raise ValueError(f"request {request_id!r}: sequence id {taken[0]!r} is already in the engine")
+            self.output_processor.add_group(group)
+            request = group.leader
         self.scheduler.add_request(request)
         if self.pipeline is not None and (params.uses_processors or params.prompt_logprobs is not None):
-            self._needs_last_tokens.add(request_id)
+            sequences = request.group.sequences if request.group else [request]
+            self._needs_last_tokens.update(s.request_id for s in sequences)
         return request
 
     def _async_scheduling(self, config: EngineConfig, sim) -> bool:
@@ -197,6 +239,15 @@ class Engine:
         return wanted
 
     def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request (every sequence of a group); its final output, or None if it is not in the engine."""
+        group = self.output_processor.groups.get(request_id)
+        sequence = self.scheduler.requests.get(request_id)
+        if group is None and sequence is not None:
+            group = sequence.group  # one sequence's id: its whole group ends
+        if group is not None:
+            for seq in group.sequences:
+                self._needs_last_tokens.discard(seq.request_id)
+            return self.output_processor.abort_group(group, self.scheduler.abort)
         self._needs_last_tokens.discard(request_id)
         request = self.scheduler.abort(request_id)
         return None if request is None else self.output_processor.final_output(request, [])

@@ -19,6 +19,7 @@ class CompletionOutput:
         "_num_tokens",
         "_logprobs",
         "_num_logprobs",
+        "cumulative_logprob",
     )
 
     def __init__(
@@ -29,11 +30,14 @@ class CompletionOutput:
         logprobs: list[dict] | None = None,  # per token {token id: Logprob} (testbed.executor.logprobs)
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
+        cumulative_logprob: float | None = None,
     ):
-        self.index = index
+        self.index = index  # the sequence's index in its request (parallel sampling: 0..best_of-1)
         self.text = text
         self.finish_reason = finish_reason  # "stop" | "length" | "abort" | "error" | None while running
         self.stop_reason = stop_reason
+        # sum of the sampled tokens' raw logprobs; None when the sequence computed no logprobs (vLLM's)
+        self.cumulative_logprob = cumulative_logprob
         self._token_ids, self._num_tokens = token_ids, None  # None: the list is the value itself
         self._logprobs, self._num_logprobs = logprobs, None
 
@@ -48,10 +52,11 @@ class CompletionOutput:
         num_logprobs: int | None,
         finish_reason: str | None,
         stop_reason: int | str | None,
+        cumulative_logprob: float | None = None,
     ):
         """A completion of the first num_tokens token ids (num_logprobs logprobs) of lists that only grow,
         copied out when first read."""
-        out = cls(index, text, token_ids, logprobs, finish_reason, stop_reason)
+        out = cls(index, text, token_ids, logprobs, finish_reason, stop_reason, cumulative_logprob)
         out._num_tokens, out._num_logprobs = num_tokens, num_logprobs
         return out
 
@@ -76,7 +81,15 @@ class CompletionOutput:
         self._logprobs, self._num_logprobs = value, None
 
     def _fields(self) -> tuple:
-        return (self.index, self.text, self.token_ids, self.logprobs, self.finish_reason, self.stop_reason)
+        return (
+            self.index,
+            self.text,
+            self.token_ids,
+            self.logprobs,
+            self.finish_reason,
+            self.stop_reason,
+            self.cumulative_logprob,
+        )
 
     def __eq__(self, other) -> bool:
         return isinstance(other, CompletionOutput) and self._fields() == other._fields()
@@ -86,8 +99,8 @@ class CompletionOutput:
     def __repr__(self) -> str:
         return (
             f"CompletionOutput(index={self.index}, text={self.text!r}, token_ids={self.token_ids}, "
-            f"logprobs={self.logprobs}, finish_reason={self.finish_reason!r}, "
-            f"stop_reason={self.stop_reason!r})"
+            f"cumulative_logprob={self.cumulative_logprob}, logprobs={self.logprobs}, "
+            f"finish_reason={self.finish_reason!r}, stop_reason={self.stop_reason!r})"
         )
 
 
@@ -107,7 +120,11 @@ class RequestOutput:
 
     The engine makes these with `RequestOutput.of_request`, which records only what may still change in
     the request (how many tokens it has, its finish state, its preemption count) and builds `outputs`
-    and `metrics` from it when first read: most outputs of a busy step are never looked at."""
+    and `metrics` from it when first read: most outputs of a busy step are never looked at.
+
+    Parallel sampling (testbed.sequence_group): a sequence's output carries the group's request id, its one
+    completion has the sequence's index, and `finished` stays False (the completion's finish_reason says
+    when the sequence ended); the group's last output is finished and holds every returned completion."""
 
     __slots__ = (
         "request_id",
@@ -145,29 +162,31 @@ class RequestOutput:
         """The output for an engine Request (testbed.request) as it is now, in O(1). Its token lists only
         grow and its timestamps are set once, so a count and the few fields that still change suffice."""
         out = cls.__new__(cls)
-        out.request_id, out.prompt_token_ids = request.request_id, request.prompt_token_ids
-        status = request.status
-        out.finished, out.new_token_ids, out.prompt = status.finished, new_token_ids, None
+        out.request_id, out.prompt_token_ids = request.output_id, request.prompt_token_ids
+        status, group = request.status, request.group
+        out.finished, out.new_token_ids, out.prompt = status.finished and group is None, new_token_ids, None
         out.prompt_logprobs = request.prompt_logprobs  # complete once the prompt is computed
         out._outputs = out._metrics = None
-        logprobs = request.output_logprobs if request.sampling_params.logprobs is not None else None
+        # a group's sequences may compute logprobs the request did not ask for (best_of ranks by them)
+        returned = (request.sampling_params if group is None else group.params).logprobs is not None
         out._source = (
             request,
             len(request.output_token_ids),
-            None if logprobs is None else len(logprobs),
+            len(request.output_logprobs) if returned else None,
             status.value if status.finished else None,
             text,
             request.num_preemptions,
+            request.cumulative_logprob if request.sampling_params.logprobs is not None else None,
         )
         return out
 
     @property
     def outputs(self) -> list[CompletionOutput]:
         if self._outputs is None and self._source is not None:
-            request, num_tokens, num_logprobs, finish, text, _ = self._source
+            request, num_tokens, num_logprobs, finish, text, _, cumulative = self._source
             self._outputs = [
                 CompletionOutput.prefix_of(
-                    0,
+                    request.index,
                     text,
                     request.output_token_ids,
                     num_tokens,
@@ -175,6 +194,7 @@ class RequestOutput:
                     num_logprobs,
                     finish,
                     request.stop_reason if finish is not None else None,
+                    cumulative,
                 )
             ]
         return self._outputs
@@ -192,7 +212,7 @@ class RequestOutput:
     @property
     def metrics(self) -> RequestMetrics | None:
         if self._metrics is None and self._source is not None:
-            request, _, _, finish, _, num_preemptions = self._source
+            request, _, _, finish, _, num_preemptions, _ = self._source
             self._metrics = RequestMetrics(
                 request.arrival_time,
                 request.first_scheduled_time,

@@ -35,6 +35,8 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         eos_token_ids=(),
+        group=None,
+        index: int = 0,
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -55,6 +57,7 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.spec_token_ids: list[int] = []  # proposed, not yet verified (speculative decoding)
         self.output_logprobs: list = []  # per output token: {token id: Logprob} (testbed.executor.logprobs)
+        self.cumulative_logprob = 0.0  # sum of the output tokens' logprobs, kept when logprobs are computed
         # per prompt token: {token id: Logprob}, None for the first; filled as prefill chunks run
         self.prompt_logprobs: list | None = [None] if sampling_params.prompt_logprobs is not None else None
         self.status = RequestStatus.WAITING
@@ -70,6 +73,11 @@ class Request:
         self.finish_time: float | None = None
         self.stop_reason: int | str | None = None
         self.error: str | None = None  # why it finished with FINISHED_ERROR
+        # parallel sampling: the SequenceGroup this sequence belongs to (testbed.sequence_group), its index
+        # there (CompletionOutput.index) and the id its outputs carry (the group's); None / 0 / own id alone
+        self.group = group
+        self.index = index
+        self.output_id = group.request_id if group is not None else request_id
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -91,11 +99,12 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.finished
 
-    def append_output_token(self, token_id: int, logprob: float | None, now: float) -> None:
+    def append_output_token(self, token_id: int, logprob: dict | None, now: float) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         if logprob is not None:
             self.output_logprobs.append(logprob)
+            self.cumulative_logprob += logprob[token_id].logprob
         if self.first_token_time is None:
             self.first_token_time = now
         self.token_times.append(now)

@@ -22,6 +22,8 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 MAX_LOGPROBS = 20
 # presence/frequency penalty range: OpenAI's, which vLLM's SamplingParams._verify_args enforces
 PENALTY_RANGE = 2.0
+# vLLM's cap on n (envs.VLLM_MAX_N_SEQUENCES default); the engine's max_num_seqs is usually the tighter one
+MAX_N_SEQUENCES = 16384
 
 
 class SamplingParamError(ValueError):
@@ -55,6 +57,9 @@ class SamplingParams:
     bad_words_token_ids: list[list[int]] = field(default_factory=list)  # token sequences never completed
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     structured_outputs: StructuredOutputsParams | None = None  # JSON schema / regex / choice / grammar
+    # ---- parallel sampling (vLLM's n / best_of; testbed.sequence_group) ----
+    n: int = 1  # completions returned
+    best_of: int | None = None  # sequences sampled (>= n; None = n); the n with the highest cumulative logprob return
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -85,6 +90,7 @@ class SamplingParams:
             )
             self.temperature = MIN_TEMPERATURE
         self._check_processors()
+        self._check_parallel()
 
     def _check_types(self) -> None:
         expected = [
@@ -103,6 +109,8 @@ class SamplingParams:
             ("ignore_eos", isinstance(self.ignore_eos, bool), "a bool"),
             ("stop", all(isinstance(s, str) for s in self.stop), "a str or a list of str"),
             ("stop_token_ids", all(is_int(t) for t in self.stop_token_ids), "a list of int token ids"),
+            ("n", is_int(self.n), "an int"),
+            ("best_of", self.best_of is None or is_int(self.best_of), "an int or None"),
         ]
         for name, ok, kind in expected:
             if not ok:
@@ -157,6 +165,31 @@ class SamplingParams:
             or self.allowed_token_ids is not None
             or self.structured_outputs is not None
         )
+
+    def _check_parallel(self) -> None:
+        """n and best_of: vLLM's rules and messages (vllm/sampling_params.py _verify_num_sequences,
+        _verify_greedy_sampling; best_of as vLLM v0 had it)."""
+        for name in ("n", "best_of"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value < 1:
+                raise SamplingParamError(name, f"{name} must be at least 1, got {value}.")
+            if value > MAX_N_SEQUENCES:
+                raise SamplingParamError(name, f"{name} must be at most {MAX_N_SEQUENCES}, got {value}.")
+        if self.best_of is not None and self.best_of < self.n:
+            raise SamplingParamError(
+                "best_of", f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}."
+            )
+        if self.greedy and self.n > 1:  # n greedy sequences would all be the same one
+            raise SamplingParamError("n", f"n must be 1 when using greedy sampling, got {self.n}.")
+        if self.greedy and self.num_sequences > 1:
+            raise SamplingParamError("best_of", f"best_of must be 1 when using greedy sampling, got {self.best_of}.")
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences sampled for the request: best_of, or n."""
+        return self.best_of if self.best_of is not None else self.n
 
     @property
     def greedy(self) -> bool:

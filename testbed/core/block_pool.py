@@ -142,6 +142,13 @@ class BlockPool:
             block.ref_cnt += 1
             block.hit_count += 1
 
+    def share(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """One more holder for blocks already held (a parallel-sampling fork): none is in the free queue."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise AssertionError(f"sharing free {block}")
+            block.ref_cnt += 1
+
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop a reference; blocks reaching 0 join the tail of the free queue in the order given
         (callers pass a request's blocks tail-first, so its prefix is evicted last)."""

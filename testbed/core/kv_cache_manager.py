@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from testbed.core.allocators.base import KVAllocator, KVCacheStats
+from testbed.core.allocators.base import CopyKind, KVAllocator, KVCacheStats
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.request import Request
 
@@ -13,9 +13,15 @@ def hash_block(parent_hash: int | None, token_ids) -> int:
 
 
 class KVCacheManager(KVAllocator):
-    """The paged allocator (`cache=paged`): any free block serves any request, prefixes are shared."""
+    """The paged allocator (`cache=paged`): any free block serves any request, prefixes are shared.
+
+    Parallel sampling (testbed.sequence_group): `fork` makes a sequence share another's prompt blocks by ref
+    count; a sequence about to write into a block someone else still holds gets a private copy first (copy
+    on write, vLLM v0's rule): only the partly filled prompt block of a fork is ever written while shared,
+    since prefix hits and fork share only computed tokens and writes start past them."""
 
     name = "paged"
+    supports_fork = True
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, eviction: str = "lru"):
         if block_size < 1:
@@ -32,6 +38,9 @@ class KVCacheManager(KVAllocator):
         # kept as blocks are taken and given back, so that stats_from_counters() is O(1):
         self.num_held_blocks_total = 0  # sum of len(req_blocks[rid]) (a shared block counts per holder)
         self.num_internal_slots = 0  # sum of held slots beyond each holder's final length
+        # forked requests whose next write may land in a block they share (checked by the full allocation path)
+        self.req_may_share: set[str] = set()
+        self.num_cow_copies = 0
         self._init_counters()
 
     @property
@@ -74,12 +83,14 @@ class KVCacheManager(KVAllocator):
         num_lookahead_tokens: int = 0,
     ) -> int | None:
         """Blocks to take from the free queue for this allocation, or None if they are not there."""
-        held = self.req_blocks.get(request.request_id, ())
+        rid = request.request_id
+        held = self.req_blocks.get(rid, ())
         total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
         num_new_blocks = max(0, self.blocks_needed(total + num_lookahead_tokens) - len(held) - len(computed_blocks))
         # hit blocks sitting in the free queue leave it when touched
         num_revived = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
-        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+        num_copies = len(self._shared_writes(request, held)) if rid in self.req_may_share else 0
+        if num_new_blocks + num_revived + num_copies > self.pool.num_free_blocks:
             return None
         return num_new_blocks
 
@@ -115,6 +126,8 @@ class KVCacheManager(KVAllocator):
         if computed_blocks:
             self.pool.touch(computed_blocks)
             blocks.extend(computed_blocks)
+        if rid in self.req_may_share:
+            self._copy_on_write(request, blocks)
         new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         blocks.extend(new_blocks)
         if len(blocks) != num_held:
@@ -127,6 +140,41 @@ class KVCacheManager(KVAllocator):
             )
         self._set_fast_limit(rid, blocks)
         return new_blocks
+
+    def _shared_writes(self, request: Request, blocks) -> list[int]:
+        """Positions of the held blocks the request's next tokens go into that someone else also holds."""
+        first = request.num_computed_tokens // self.block_size
+        return [i for i in range(first, len(blocks)) if blocks[i].ref_cnt > 1]
+
+    def _copy_on_write(self, request: Request, blocks: list[KVCacheBlock]) -> None:
+        """Swap each shared block the request is about to write for a private copy (the copy is logged for the
+        executor, which runs it before the forward that writes). After this the request's writable blocks
+        are all its own: later writes only go further."""
+        rid = request.request_id
+        for i in self._shared_writes(request, blocks):
+            shared, (private,) = blocks[i], self.pool.get_new_blocks(1)
+            self.record_copy([shared.block_id], [private.block_id], CopyKind.ON_DEVICE)
+            self.pool.free_blocks([shared])  # the other holders keep it
+            blocks[i] = private
+            self._changed(rid, i)
+            self.num_cow_copies += 1
+        self.req_may_share.discard(rid)
+
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
+        """child (holding nothing) takes a reference on the parent's blocks holding its first num_tokens tokens:
+        a parallel-sampling group's prompt. The last of them may be partly filled; whichever of the two writes
+        into it while it is shared copies it first (allocate_slots)."""
+        pid, cid, bs = parent.request_id, child.request_id, self.block_size
+        shared = self.req_blocks[pid][: self.blocks_needed(num_tokens)]
+        self.pool.share(shared)
+        self.req_blocks[cid] = list(shared)
+        self._count_held(child, 0, len(shared))
+        self._changed(cid, 0)  # even with nothing shared (a 1-token prompt): the executor gets its row now
+        # the same tokens, so the same chained hashes; full blocks the parent registered stay registered
+        child.block_hashes = parent.block_hashes[: num_tokens // bs]
+        self.req_num_hashed[cid] = min(self.req_num_hashed.get(pid, 0), num_tokens // bs)
+        self.req_fast_limit.pop(pid, None)  # its next write may be into a shared block: the full path
+        self.req_may_share.update((pid, cid))
 
     def _set_fast_limit(self, rid: str, blocks: list[KVCacheBlock]) -> None:
         """Up to this many tokens, a later allocate_slots(request, n) would take no block and register no
@@ -159,6 +207,7 @@ class KVCacheManager(KVAllocator):
         blocks = self.req_blocks.pop(request.request_id, [])
         self.req_num_hashed.pop(request.request_id, None)
         self.req_fast_limit.pop(request.request_id, None)
+        self.req_may_share.discard(request.request_id)
         self._count_held(request, len(blocks), 0)
         self._block_changes.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))

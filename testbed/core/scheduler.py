@@ -14,9 +14,9 @@ import bisect
 import logging
 from dataclasses import dataclass, field
 
-from testbed.core.allocators.base import KVAllocator
+from testbed.core.allocators.base import KVAllocator, KVCopy
 from testbed.core.policies import SchedulingPolicy
-from testbed.core.swap import KVCopy, SwapManager
+from testbed.core.swap import SwapManager
 from testbed.request import Request, RequestStatus
 from testbed.stopping import check_token_stop
 
@@ -55,7 +55,7 @@ class SchedulerOutput:
     finished_ids: list[str] = field(default_factory=list)  # finished: executors drop their per-request state
     # request id -> (first changed position, block ids from there on): apply to the persistent block tables
     block_updates: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
-    kv_copies: list[KVCopy] = field(default_factory=list)  # swap preemption's block copies, run in order first
+    kv_copies: list[KVCopy] = field(default_factory=list)  # block copies (swap, copy on write), run in order first
 
     @property
     def total_tokens(self) -> int:
@@ -87,6 +87,10 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
         self.blocked_request: Request | None = None  # waiting request refused memory in the last step
+        # parallel sampling (testbed.sequence_group): running leaders of groups not yet forked, and the seats
+        # they hold for their siblings
+        self._unforked: set[Request] = set()
+        self.num_reserved_seats = 0
         # sum of num_computed_tokens over self.running, kept as they change: KV accounting in O(1)
         self.running_computed_tokens = 0
         # the policy's per-request chunking rule, or None when it is the default (take what is left)
@@ -121,6 +125,8 @@ class Scheduler:
         and start over later (prefix cache permitting)."""
         self.running.remove(request)
         self.running_computed_tokens -= request.num_computed_tokens
+        if request in self._unforked:
+            self._release_seats(request)
         request.spec_token_ids = []
         if self.swap is None or not self.swap.swap_out(request):
             self.kv.free(request)
@@ -156,8 +162,7 @@ class Scheduler:
         if out.requests:
             out.finished_ids, self._finished_ids = self._finished_ids, []
             out.block_updates = self.kv.take_block_updates()
-            if self.swap is not None:
-                out.kv_copies = self.swap.take_copies()
+            out.kv_copies = self.kv.take_copies()
         return out
 
     def _preempt_for_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
@@ -172,7 +177,7 @@ class Scheduler:
             out.preempted.append(victim)
 
     def _can_start(self, request: Request, budget: int) -> bool:
-        if len(self.running) >= self.config.max_num_seqs:
+        if not self._has_seats(request):
             return False
         computed_blocks, num_cached = self._resume_point(request)
         num_new = min(request.num_tokens - num_cached, self.policy.token_budget(request, budget))
@@ -255,8 +260,10 @@ class Scheduler:
                 return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) + self.num_reserved_seats < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.group is not None and not self._has_seats(request):
+                break
             computed_blocks, num_cached = self._resume_point(request)
             num_new = request.num_tokens - num_cached
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -285,6 +292,9 @@ class Scheduler:
                 self.kv.record_prefix_lookup(request.num_tokens, num_cached)
             request.status = RequestStatus.RUNNING
             self._insert(self.running, request, now)
+            if request.group is not None and not request.group.forked:
+                self._unforked.add(request)
+                self.num_reserved_seats += len(request.group.sequences) - 1
             self._record(out, request, num_new)
             budget -= num_new
 
@@ -293,7 +303,7 @@ class Scheduler:
         self,
         out: SchedulerOutput,
         sampled: list[list[int] | None],
-        logprobs: list[list[float] | None] | None = None,
+        logprobs: list[list[dict] | None] | None = None,
         errors: dict[str, str] | None = None,
     ) -> list[tuple[Request, list[int]]]:
         """Append the step's sampled tokens (its computed counts advanced when it was scheduled) and end the
@@ -305,11 +315,14 @@ class Scheduler:
         updates = self._finish_failed(out, errors) if errors else []
         finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
+        unforked = self._unforked
         for idx, (request, tokens) in enumerate(zip(out.requests, sampled)):
             if not tokens or request.status.finished:  # mid-prefill, or aborted while the step ran
                 continue
             request.num_output_placeholders -= 1
             preempted = request.status is RequestStatus.PREEMPTED  # while in flight (async scheduling)
+            if unforked and request in unforked:  # a group's leader sampled its first token
+                self._fork(request, now)
             if request.spec_token_ids:
                 computed_delta -= self._rewind_rejected(request, len(tokens))
             if len(tokens) == 1 and not logprobs:  # the common case, without the loop
@@ -334,6 +347,37 @@ class Scheduler:
             self.running[:] = [r for r in self.running if r not in done]
         return updates
 
+    # ---- parallel sampling (testbed.sequence_group) -------------------------------------------------
+    def _has_seats(self, request: Request) -> bool:
+        """Seats for a waiting request: a group not yet forked needs one for each of its sequences."""
+        group = request.group
+        need = 1 if group is None or group.forked else len(group.sequences)
+        return len(self.running) + self.num_reserved_seats + need <= self.config.max_num_seqs
+
+    def _release_seats(self, leader: Request) -> None:
+        self._unforked.discard(leader)
+        self.num_reserved_seats -= len(leader.group.sequences) - 1
+
+    def _fork(self, leader: Request, now: float) -> None:
+        """Start the siblings of a leader that has computed its prompt: each shares the KV of the prompt's first
+        L - 1 tokens and computes the last one itself, for its own logits row. They take the seats the leader
+        held and its place in the queue order (same arrival, same admission number)."""
+        self._release_seats(leader)
+        group = leader.group
+        group.forked = True
+        num_shared = leader.num_prompt_tokens - 1
+        for sibling in group.sequences[1:]:
+            sibling.seq_no = leader.seq_no
+            sibling.max_num_tokens = min(sibling.max_num_tokens, self.config.max_model_len)
+            self.kv.fork(leader, sibling, num_shared)
+            sibling.num_computed_tokens = num_shared
+            sibling.num_cached_tokens = leader.num_cached_tokens
+            sibling.first_scheduled_time = leader.first_scheduled_time
+            sibling.status = RequestStatus.RUNNING
+            self.requests[sibling.request_id] = sibling
+            self._insert(self.running, sibling, now)
+            self.running_computed_tokens += num_shared
+
     def _rewind_rejected(self, request: Request, num_sampled: int) -> int:
         """Rejected drafts: their KV is stale, rewind and give surplus blocks back. Count against the drafts
         scheduled this step (the token budget may cut some); unscheduled ones are dropped. Returns how
@@ -347,7 +391,7 @@ class Scheduler:
         return rejected
 
     def _append_tokens(
-        self, request: Request, tokens: list[int], token_logprobs: list[float] | None, now: float
+        self, request: Request, tokens: list[int], token_logprobs: list[dict] | None, now: float
     ) -> list[int]:
         """Append sampled tokens up to the first that ends the request; returns those appended."""
         stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
@@ -367,6 +411,8 @@ class Scheduler:
 
     def _release(self, request: Request, now: float) -> None:
         """Free what a finished request holds; the caller has taken it out of self.running."""
+        if request in self._unforked:  # a group's leader ended (aborted) before its siblings started
+            self._release_seats(request)
         request.finish_time = now
         self.kv.free(request)
         if self.swap is not None:

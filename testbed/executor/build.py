@@ -80,27 +80,7 @@ def build_executor(
         max_model_len=spec.max_model_len,
         seed=config.seed,
     )
-    copier = None
-    if num_cpu_blocks is not None:
-        pairs = [
-            (
-                kv_caches,
-                allocate_kv_cache(
-                    spec.arch, num_cpu_blocks, config.block_size, spec.arch.num_hidden_layers, kv_dtype, "cpu"
-                ),
-            )
-        ]
-        proposer = speculator.proposer if speculator else None
-        if isinstance(proposer, DraftModelProposer):  # the draft's own KV moves with the target's
-            pairs.append(
-                (
-                    proposer.kv_caches,
-                    allocate_kv_cache(
-                        proposer.model.arch, num_cpu_blocks, config.block_size, proposer.num_layers, dtype, "cpu"
-                    ),
-                )
-            )
-        copier = KVBlockCopier(pairs)
+    copier = KVBlockCopier(_copy_pairs(spec, config, kv_caches, speculator, num_cpu_blocks, kv_dtype, dtype))
 
     graphs = config.cuda_graph_dry_run or use_cuda_graphs(config.enforce_eager, backend, device)
     sizes = config.cuda_graph_sizes or default_capture_sizes(config.max_num_seqs)
@@ -120,3 +100,19 @@ def build_executor(
         ).capture()
     runner = ModelRunner(model, kv_caches, tables, buffers, sampler, copier, speculator, cuda_graphs)
     return ExecutorParts(runner, model, speculator)
+
+
+def _copy_pairs(spec, config, kv_caches, speculator, num_cpu_blocks, kv_dtype, draft_dtype) -> list:
+    """(device caches, host pool or None) for every KV that block copies move: the target's and, with a draft
+    model, the draft's (its KV lives in the same block ids). Host pools only with swap preemption."""
+
+    def host_pool(arch, num_layers, dtype):
+        if num_cpu_blocks is None:
+            return None
+        return allocate_kv_cache(arch, num_cpu_blocks, config.block_size, num_layers, dtype, "cpu")
+
+    pairs = [(kv_caches, host_pool(spec.arch, spec.arch.num_hidden_layers, kv_dtype))]
+    proposer = speculator.proposer if speculator else None
+    if isinstance(proposer, DraftModelProposer):
+        pairs.append((proposer.kv_caches, host_pool(proposer.model.arch, proposer.num_layers, draft_dtype)))
+    return pairs

@@ -1,4 +1,5 @@
-"""The KV tensors: sizing them from memory, allocating them, and copying blocks for swap preemption.
+"""The KV tensors: sizing them from memory, allocating them, and copying blocks (swap preemption to and from
+a host pool; copy on write within the device cache for parallel sampling).
 
 Per layer a (k, v) pair of [num_blocks, block_size, num_kv_heads, head_dim]; slot s is block s // block_size,
 offset s % block_size.
@@ -6,7 +7,7 @@ offset s % block_size.
 
 import torch
 
-from testbed.core.swap import KVCopy
+from testbed.core.allocators.base import CopyKind, KVCopy
 
 
 def kv_cache_dtype(config, dtype: torch.dtype) -> torch.dtype:
@@ -63,15 +64,40 @@ def copy_kv_blocks(device_caches, host_caches, src: list[int], dst: list[int], t
                 dev[dst_ids.to(dev.device)] = host[src_ids].to(dev.device)
 
 
-class KVBlockCopier:
-    """Runs a SchedulerOutput's swap copies, in order, over every (device caches, host pool) pair: the
-    target model's and, with a draft model, the draft's (its KV lives in the same block ids)."""
+def copy_device_blocks(device_caches, src: list[int], dst: list[int]) -> None:
+    """KV blocks src -> dst within the device cache, every layer (copy on write)."""
+    for device_kv in device_caches:
+        for dev in device_kv:
+            src_ids = torch.tensor(src, dtype=torch.long, device=dev.device)
+            dev[torch.tensor(dst, dtype=torch.long, device=dev.device)] = dev[src_ids]
 
-    def __init__(self, pairs: list[tuple[list, list]]):
+
+class KVBlockCopier:
+    """Runs a SchedulerOutput's block copies, in order, over every (device caches, host pool) pair: the
+    target model's and, with a draft model, the draft's (its KV lives in the same block ids). The host pool is
+    None without swap preemption (then only copies on the device come)."""
+
+    def __init__(self, pairs: list[tuple[list, list | None]]):
         self.pairs = pairs
 
     @torch.inference_mode()
     def run(self, copies: list[KVCopy]) -> None:
-        for src, dst, to_host in copies:
+        for src, dst, kind in _coalesced(copies):
             for device_caches, host_caches in self.pairs:
-                copy_kv_blocks(device_caches, host_caches, src, dst, to_host)
+                if kind is CopyKind.ON_DEVICE:
+                    copy_device_blocks(device_caches, src, dst)
+                else:
+                    copy_kv_blocks(device_caches, host_caches, src, dst, kind is CopyKind.TO_HOST)
+
+
+def _coalesced(copies: list[KVCopy]) -> list[KVCopy]:
+    """Runs of consecutive copies on the device merged into one (one gather and scatter per tensor): within a
+    step a copy-on-write destination is a fresh block, never another copy's source, so order inside a run
+    does not matter. Swap copies stay as they are, in order."""
+    out: list[KVCopy] = []
+    for src, dst, kind in copies:
+        if kind is CopyKind.ON_DEVICE and out and out[-1][2] is CopyKind.ON_DEVICE:
+            out[-1] = (out[-1][0] + src, out[-1][1] + dst, kind)
+        else:
+            out.append((list(src), list(dst), kind))
+    return out

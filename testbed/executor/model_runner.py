@@ -38,7 +38,7 @@ class ModelRunner(StepExecutor):
         self.tables = tables
         self.input_buffers = buffers
         self.sampler = sampler
-        self.copier = copier  # swap preemption's block copies (None: recompute preemption)
+        self.copier = copier  # runs the block copies (swap, copy on write) the SchedulerOutput carries
         self.spec = speculator  # testbed.spec.Speculator (verifies drafts; a draft model observes inputs)
         self.cuda_graphs = cuda_graphs  # testbed.executor.cuda_graphs.CudaGraphRunner: decode steps replay graphs
         self.last_inputs: ModelInputs | None = None
@@ -53,7 +53,7 @@ class ModelRunner(StepExecutor):
     def run(self, prepared: PreparedStep, last_tokens: dict[str, int]) -> ExecutorOutput:
         out, pad_to = prepared.out, prepared.pad_to
         if out.kv_copies:
-            assert self.copier is not None, "swap copies without a host pool"
+            assert self.copier is not None, "block copies without a copier"
             self.copier.run(out.kv_copies)
         self.sampler.forget(out.finished_ids)
         inputs = self.last_inputs = prepared.staged.to_device(last_tokens)

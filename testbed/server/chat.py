@@ -15,55 +15,39 @@ from testbed.server.text_deltas import text_deltas
 
 
 def chat_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
-    c = out.outputs[0]
-    lp = (
-        chat_logprobs(model.tokenizer, c.token_ids, c.logprobs or [], a.req.top_logprobs or 0)
-        if a.req.logprobs
-        else None
-    )
-    body = P.chat_response(
-        a.rid,
-        a.created,
-        model.name,
-        c.text,
-        c.finish_reason,
-        lp,
-        usage_of(a, out),
-        c.stop_reason,
-    )
+    choices = []
+    for i, c in enumerate(out.outputs):
+        lp = None
+        if a.req.logprobs:
+            lp = chat_logprobs(model.tokenizer, c.token_ids, c.logprobs or [], a.req.top_logprobs or 0)
+        message = {"message": {"role": "assistant", "content": c.text}}
+        choices.append(P.choice(i, message, lp, c.finish_reason, c.stop_reason))
+    body = P.response(a.rid, a.created, model.name, "chat.completion", choices, usage_of(a, out))
     if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: top level
         body["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
     return body
 
 
 async def chat_chunks(model: ServedModel, a: Admitted):
-    req, n_prompt = a.req, len(a.prompt_ids)
-    # OpenAI's first chunk carries the role alone
-    yield P.chat_chunk(
-        a.rid,
-        a.created,
-        model.name,
-        {"role": "assistant", "content": ""},
-        None,
-        usage_=P.usage(n_prompt, 0) if req.continuous_usage else None,
-    )
-    async for out, text, new, lps in text_deltas(model.tokenizer, a.params, a.stream):
-        c = out.outputs[0]
-        lp = chat_logprobs(model.tokenizer, new, lps, req.top_logprobs or 0) if req.logprobs else None
-        u = usage_of(a, out) if req.continuous_usage else None
-        delta = {"content": text} if (text or not out.finished) else {}
-        yield P.chat_chunk(
-            a.rid,
-            a.created,
-            model.name,
-            delta,
-            c.finish_reason if out.finished else None,
-            lp,
-            u,
-            c.stop_reason if out.finished else None,
-        )
+    req, n_prompt, obj = a.req, len(a.prompt_ids), "chat.completion.chunk"
+    # OpenAI's first chunk of each choice carries the role alone
+    for i in range(a.params.n):
+        role = P.choice(i, {"delta": {"role": "assistant", "content": ""}}, None, None)
+        usage = P.usage(n_prompt, 0) if req.continuous_usage else None
+        yield P.response(a.rid, a.created, model.name, obj, [role], usage)
+    async for d in text_deltas(model.tokenizer, a.params, a.stream):
+        out, c = d.out, d.choice
+        if c is not None:
+            lp = None
+            if req.logprobs:
+                lp = chat_logprobs(model.tokenizer, d.new_token_ids, d.logprobs, req.top_logprobs or 0)
+            u = usage_of(a, out, d.completion_tokens) if req.continuous_usage else None
+            delta = {"content": d.text} if (d.text or not d.done) else {}
+            finish, stop = (c.finish_reason, c.stop_reason) if d.done else (None, None)
+            chunk = P.choice(c.index, {"delta": delta}, lp, finish, stop)
+            yield P.response(a.rid, a.created, model.name, obj, [chunk], u)
         if out.finished and req.include_usage:
-            yield P.usage_chunk(a.rid, a.created, model.name, "chat.completion.chunk", usage_of(a, out))
+            yield P.usage_chunk(a.rid, a.created, model.name, obj, usage_of(a, out))
 
 
 def chat_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRouter:

@@ -23,45 +23,43 @@ def echoed_prompt(model: ServedModel, a: Admitted) -> str:
 
 
 def completion_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
-    c = out.outputs[0]
-    text, token_ids, entries = c.text, c.token_ids, c.logprobs or []
-    if a.req.echo:
-        text = echoed_prompt(model, a) + text
-        if out.prompt_logprobs is not None:
-            token_ids, entries = a.prompt_ids + token_ids, out.prompt_logprobs + entries
-    lp = completion_logprobs(model.tokenizer, token_ids, entries, 0) if a.params.logprobs is not None else None
-    body = P.completion_response(
-        a.rid, a.created, model.name, text, c.finish_reason, lp, usage_of(a, out), c.stop_reason
-    )
-    if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: on the choice
-        body["choices"][0]["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
-    return body
+    """The whole response: one choice per returned completion (n, or the best n of best_of), indexed in
+    order as vLLM's server does."""
+    choices = []
+    for i, c in enumerate(out.outputs):
+        text, token_ids, entries = c.text, c.token_ids, c.logprobs or []
+        if a.req.echo:
+            text = echoed_prompt(model, a) + text
+            if out.prompt_logprobs is not None:
+                token_ids, entries = a.prompt_ids + token_ids, out.prompt_logprobs + entries
+        lp = completion_logprobs(model.tokenizer, token_ids, entries, 0) if a.params.logprobs is not None else None
+        choice = P.choice(i, {"text": text}, lp, c.finish_reason, c.stop_reason)
+        if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: on the choice
+            choice["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
+        choices.append(choice)
+    return P.response(a.rid, a.created, model.name, "text_completion", choices, usage_of(a, out))
 
 
 async def completion_chunks(model: ServedModel, a: Admitted):
-    req, text_pos, first = a.req, 0, True
-    async for out, text, new, lps in text_deltas(model.tokenizer, a.params, a.stream):
-        c = out.outputs[0]
-        if first and req.echo:  # the prompt rides on the first chunk
-            prompt_text = echoed_prompt(model, a)
-            text = prompt_text + text
-            if out.prompt_logprobs is not None:
-                new, lps = a.prompt_ids + new, out.prompt_logprobs + lps
-        first = False
-        lp = None
-        if a.params.logprobs is not None:
-            lp = completion_logprobs(model.tokenizer, new, lps, text_pos)
-        text_pos += len(text)
-        yield P.completion_chunk(
-            a.rid,
-            a.created,
-            model.name,
-            text,
-            c.finish_reason if out.finished else None,
-            lp,
-            usage_of(a, out) if req.continuous_usage else None,
-            c.stop_reason if out.finished else None,
-        )
+    """One chunk per engine output that adds to a choice (with that choice's index)."""
+    req, text_pos, echoed = a.req, {}, set()
+    async for d in text_deltas(model.tokenizer, a.params, a.stream):
+        out, c = d.out, d.choice
+        if c is not None:
+            text, new, lps = d.text, d.new_token_ids, d.logprobs
+            if req.echo and c.index not in echoed:  # the prompt rides on each choice's first chunk
+                echoed.add(c.index)
+                text = echoed_prompt(model, a) + text
+                if out.prompt_logprobs is not None:
+                    new, lps = a.prompt_ids + list(new), out.prompt_logprobs + list(lps)
+            lp = None
+            if a.params.logprobs is not None:
+                lp = completion_logprobs(model.tokenizer, new, lps, text_pos.get(c.index, 0))
+            text_pos[c.index] = text_pos.get(c.index, 0) + len(text)
+            finish, stop = (c.finish_reason, c.stop_reason) if d.done else (None, None)
+            usage = usage_of(a, out, d.completion_tokens) if req.continuous_usage else None
+            chunk = P.choice(c.index, {"text": text}, lp, finish, stop)
+            yield P.response(a.rid, a.created, model.name, "text_completion", [chunk], usage)
         if out.finished and req.include_usage:
             yield P.usage_chunk(a.rid, a.created, model.name, "text_completion", usage_of(a, out))
 

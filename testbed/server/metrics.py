@@ -144,7 +144,7 @@ class ServerMetrics:
         self._labels = values
         self._seen = {}  # engine counter -> value already added to its Prometheus counter
         self._last_step = 0
-        self._last_token_time: dict[str, float] = {}  # request id -> its previous output's token time
+        self._last_token_time: dict[tuple, float] = {}  # (request id, sequence index) -> previous token time
 
     # ---- fed by the stepping thread -----------------------------------------------------------------
     def _advance(self, counter, key, total: float) -> None:
@@ -184,24 +184,27 @@ class ServerMetrics:
     def on_output(self, out: RequestOutput, first_token: bool, finish_reason: str | None = None) -> None:
         """finish_reason: overrides the output's (a request failed by an engine failure is "error")."""
         m, rid = out.metrics, out.request_id
+        c = out.outputs[0]  # a group's sequence outputs hold just that sequence (testbed.sequence_group)
+        seq = (rid, c.index)  # parallel sampling: inter-token intervals within each sequence
         if out.new_token_ids:
             self.generation_tokens.inc(len(out.new_token_ids))
             if m is not None and m.token_times:
                 now = m.token_times[-1]
-                previous = self._last_token_time.get(rid)
+                previous = self._last_token_time.get(seq)
                 if previous is not None:  # vLLM: one inter-token interval per output after the first
                     self.itl.observe(max(0.0, now - previous))
-                self._last_token_time[rid] = now
+                self._last_token_time[seq] = now
+        if c.finish_reason is not None:
+            self._last_token_time.pop(seq, None)
         if first_token and m is not None and m.first_token_time is not None:
             self.prompt_tokens.inc(len(out.prompt_token_ids))
             self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
         if out.finished:
-            self._last_token_time.pop(rid, None)
-            c = out.outputs[0]
             reason = finish_reason or c.finish_reason or "abort"
             self._finished.labels(*self._labels, reason).inc()
             if reason not in ("abort", "error") and m is not None and m.finish_time is not None:
-                self._observe_finished(m, len(out.prompt_token_ids), len(c.token_ids))
+                num_output = sum(len(c.token_ids) for c in out.outputs)
+                self._observe_finished(m, len(out.prompt_token_ids), num_output)
 
     def _observe_finished(self, m, num_prompt: int, num_output: int) -> None:
         """vLLM's per-request histograms, at finish (vllm/v1/metrics/stats.py FinishedRequestStats)."""

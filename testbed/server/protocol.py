@@ -89,7 +89,7 @@ class _SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1)
+    n: int = 1  # range-checked by SamplingParams (vLLM's messages), the cache's fit by the engine
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # torch.Generator's range
@@ -117,8 +117,6 @@ class _SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self):
-        if self.n != 1:
-            raise ValueError(f"n={self.n} is not supported: only n=1")
         if isinstance(self.stop, list) and len(self.stop) > 16:
             raise ValueError("at most 16 stop sequences")
         if self.stop == "" or (isinstance(self.stop, list) and "" in self.stop):
@@ -150,6 +148,9 @@ class _SamplingFields(BaseModel):
     def _prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
 
+    def _best_of(self) -> int | None:
+        return None
+
     def structured(self) -> StructuredOutputsParams | None:
         """The one output constraint among structured_outputs, guided_*, response_format (json kinds)."""
         self._constraint_field = constraint_field(self)  # first: a constraint that fails names its field
@@ -180,6 +181,8 @@ class _SamplingFields(BaseModel):
             bad_words=list(self.bad_words or []),
             allowed_token_ids=self.allowed_token_ids,
             structured_outputs=self.structured(),
+            n=self.n,
+            best_of=self._best_of(),
             **extras,
         )
 
@@ -214,8 +217,6 @@ class CompletionRequest(_SamplingFields):
             and len(self.prompt) != 1
         ):
             raise ValueError(f"a batch of {len(self.prompt)} prompts is not supported: send one prompt")
-        if self.best_of not in (None, 1):
-            raise ValueError(f"best_of={self.best_of} is not supported: only 1")
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self
@@ -231,6 +232,15 @@ class CompletionRequest(_SamplingFields):
 
     def _logprobs(self) -> int | None:
         return self.logprobs
+
+    def _best_of(self) -> int | None:
+        # OpenAI: best_of "results cannot be streamed" (the best n are known only at the end); vLLM then
+        # answers with one JSON body instead of a stream, which a streaming client cannot read: refused here
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise SamplingParamError(
+                "best_of", f"best_of={self.best_of} > n={self.n} cannot be streamed; set stream=false"
+            )
+        return self.best_of
 
     def _prompt_logprobs(self) -> int | None:
         # echo with logprobs scores the echoed prompt too (vLLM: prompt_logprobs = logprobs)
@@ -302,94 +312,18 @@ def now_s() -> int:
     return int(time.time())
 
 
-def _body(
-    rid: str,
-    created: int,
-    model: str,
-    obj: str,
-    content: dict,
-    logprobs: dict | None,
-    finish_reason: str | None,
-    stop_reason,
-    usage_: dict | None,
-) -> dict:
-    """What every completion body and chunk shares: the envelope and one choice; usage only when given."""
-    body = {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, **content, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
-        ],
-    }
+def choice(index: int, content: dict, logprobs: dict | None, finish_reason: str | None, stop_reason=None) -> dict:
+    """One choice of a body or chunk; content: {"text": ...}, {"message": ...} or {"delta": ...}."""
+    return {"index": index, **content, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
+def response(rid: str, created: int, model: str, obj: str, choices: list[dict], usage_: dict | None = None) -> dict:
+    """The envelope every completion body and chunk shares ("text_completion", "chat.completion",
+    "chat.completion.chunk"); usage only when given."""
+    body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
     if usage_ is not None:
         body["usage"] = usage_
     return body
-
-
-def completion_response(
-    rid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    logprobs: dict | None,
-    usage_: dict,
-    stop_reason=None,
-) -> dict:
-    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason, usage_)
-
-
-def completion_chunk(
-    rid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    logprobs: dict | None = None,
-    usage_: dict | None = None,
-    stop_reason=None,
-) -> dict:
-    return _body(rid, created, model, "text_completion", {"text": text}, logprobs, finish_reason, stop_reason, usage_)
-
-
-def chat_response(
-    rid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    logprobs: dict | None,
-    usage_: dict,
-    stop_reason=None,
-) -> dict:
-    return _body(
-        rid,
-        created,
-        model,
-        "chat.completion",
-        {"message": {"role": "assistant", "content": text}},
-        logprobs,
-        finish_reason,
-        stop_reason,
-        usage_,
-    )
-
-
-def chat_chunk(
-    rid: str,
-    created: int,
-    model: str,
-    delta: dict,
-    finish_reason: str | None,
-    logprobs: dict | None = None,
-    usage_: dict | None = None,
-    stop_reason=None,
-) -> dict:
-    return _body(
-        rid, created, model, "chat.completion.chunk", {"delta": delta}, logprobs, finish_reason, stop_reason, usage_
-    )
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, usage_: dict) -> dict:

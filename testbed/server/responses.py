@@ -16,11 +16,14 @@ from testbed.server.request_input import Admitted
 from testbed.server.sse import SSEResponse, event_stream
 
 
-def usage_of(admitted: Admitted, out: RequestOutput) -> dict:
-    """OpenAI's usage of a request as it is now, with the prompt tokens the prefix cache served."""
+def usage_of(admitted: Admitted, out: RequestOutput, completion_tokens: int | None = None) -> dict:
+    """OpenAI's usage of a request as it is now, with the prompt tokens the prefix cache served; completion
+    tokens: those of every returned choice (vLLM's count: with best_of, of the n returned), unless given."""
     metrics = out.metrics
     cached = metrics.num_cached_tokens if metrics is not None else 0
-    return P.usage(len(admitted.prompt_ids), len(out.outputs[0].token_ids), cached)
+    if completion_tokens is None:
+        completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+    return P.usage(len(admitted.prompt_ids), completion_tokens, cached)
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -43,6 +43,8 @@ class Speculator:
         for r in running:
             if r.is_finished or r.spec_token_ids or r.num_computed_tokens != r.num_tokens - 1:
                 continue
+            if not r.output_token_ids:  # a just-forked sequence (parallel sampling): no block-table row yet
+                continue
             if r.sampling_params.uses_processors:  # penalties, bans, grammars: verified rows would skip them
                 continue
             k = self.num_drafts_allowed(r)

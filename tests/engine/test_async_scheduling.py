@@ -149,3 +149,20 @@ def test_a_failing_request_or_step_under_async_scheduling(monkeypatch):
     reference = LLM(model="tiny", kernel="torch", num_blocks=400).generate(prompts(4), params[:4])
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in reference]
     assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.inflight is None
+
+
+@pytest.mark.parametrize("case", ["fcfs", "preempt_recompute"])
+def test_parallel_sampling_equals_the_synchronous_engine(case):
+    """n seeded samples per prompt sharing the prompt's blocks (fork and copy on write one step later under
+    overlap): every sequence's tokens as without overlap."""
+
+    def run(async_scheduling):
+        llm = LLM(model="tiny", kernel="torch", async_scheduling=async_scheduling, **CASES[case])
+        params = [SamplingParams(n=3, temperature=1.0, seed=i, max_tokens=8, ignore_eos=True) for i in range(12)]
+        outs = llm.generate(prompts(), params)
+        assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+        return [[c.token_ids for c in o.outputs] for o in outs]
+
+    sync = run(False)
+    assert all(len(o) == 3 for o in sync) and any(len({tuple(t) for t in o}) > 1 for o in sync)
+    assert run(True) == sync

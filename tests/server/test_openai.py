@@ -143,7 +143,7 @@ LONG = "hello " * 2100  # > 2048 tokens
         (dict(model=MODEL, prompt=PROMPT, temperature=-0.5), 400, "temperature"),
         (dict(model=MODEL, prompt=PROMPT, top_p=0), 400, "top_p"),
         (dict(model=MODEL, prompt=PROMPT, top_p=1.5), 400, "top_p"),
-        (dict(model=MODEL, prompt=PROMPT, n=2), 400, None),
+        (dict(model=MODEL, prompt=PROMPT, n=0), 400, "n"),
         (dict(model=MODEL, prompt=PROMPT, temperature="hot"), 400, "temperature"),
         (dict(model=MODEL, prompt=PROMPT, max_tokens="ten"), 400, "max_tokens"),
         (dict(model=MODEL, prompt=PROMPT, max_tokens=2.5), 400, "max_tokens"),

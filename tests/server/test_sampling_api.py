@@ -162,7 +162,7 @@ def in_process_message(**kwargs) -> str:
         ({"guided_json": {}, "guided_regex": "a"}, None, "exactly one"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema"),
         ({"response_format": {"type": "json_schema", "json_schema": {"schema": False}}}, "response_format", "any"),
-        ({"n": 2}, None, "n=2"),
+        ({"n": 0}, "n", "n must be at least 1, got 0."),
     ],
 )
 def test_bad_values(server, body, param, message):

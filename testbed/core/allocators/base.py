@@ -13,9 +13,20 @@ numbers mean the same thing for every allocator:
 They partition the cache: the five sum to num_blocks * block_size.
 """
 
+import enum
 from dataclasses import dataclass
 
 from testbed.request import Request
+
+
+class CopyKind(enum.Enum):
+    TO_HOST = "to_host"  # swap-out: device blocks -> the host pool
+    TO_DEVICE = "to_device"  # swap-in: host pool -> device blocks
+    ON_DEVICE = "on_device"  # copy on write: a shared device block -> a private one (parallel sampling)
+
+
+# (source block ids, destination block ids, kind): run by the executor in the order made, before its forward
+KVCopy = tuple[list[int], list[int], CopyKind]
 
 
 def final_length(request: Request, max_model_len: int) -> int:
@@ -72,18 +83,23 @@ class KVAllocator:
     changes from position `first` on (blocks taken or trimmed), and drop the report when they free it.
 
     The executor never reads an allocator: `take_block_updates` drains the reports into the
-    SchedulerOutput, which carries them forward (vLLM v1 pushes new block ids the same way)."""
+    SchedulerOutput, which carries them forward (vLLM v1 pushes new block ids the same way). Block copies
+    (swap's, copy on write) are logged in the order made (`record_copy`) and drained the same way
+    (`take_copies`): one ordered list, because a block freed by one copy's source may be the next one's
+    destination within a step."""
 
     name = "base"
     block_size: int
     num_blocks: int
     req_blocks: dict[str, list]
     enable_prefix_caching = False
+    supports_fork = False  # shares blocks between a parallel-sampling group's sequences (fork)
 
     def _init_counters(self) -> None:
         self.prefix_queries = 0  # prefix-cache counters, in tokens, over first schedulings
         self.prefix_hits = 0
         self._block_changes: dict[str, int] = {}  # request id -> first block position changed, not yet reported
+        self._copies: list[KVCopy] = []  # not yet handed to the executor, in the order made
 
     # ---- block-table change reports -----------------------------------------------------------------
     def _changed(self, request_id: str, first: int) -> None:
@@ -100,6 +116,14 @@ class KVAllocator:
         self._block_changes = {}
         req_blocks = self.req_blocks
         return {rid: (first, [b.block_id for b in req_blocks[rid][first:]]) for rid, first in changes.items()}
+
+    # ---- block copies -------------------------------------------------------------------------------------
+    def record_copy(self, src: list[int], dst: list[int], kind: CopyKind) -> None:
+        self._copies.append((src, dst, kind))
+
+    def take_copies(self) -> list[KVCopy]:
+        copies, self._copies = self._copies, []
+        return copies
 
     # ---- allocation (subclasses) ------------------------------------------------------------------
     def get_computed_blocks(self, request: Request):
@@ -131,6 +155,10 @@ class KVAllocator:
     def uncache_from(self, request: Request, num_tokens: int) -> None:
         """Take the request's blocks from the one holding token num_tokens on out of the prefix cache (their
         KV may never have been written: a failed step). Nothing to do without a prefix cache."""
+
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
+        """child shares the parent's blocks holding its first num_tokens tokens (allocators with supports_fork)."""
+        raise NotImplementedError(f"cache={self.name} cannot share blocks between sequences")
 
     def get_block_ids(self, request_id: str) -> list[int]:
         raise NotImplementedError
@@ -190,7 +218,9 @@ class KVAllocator:
         request that could not get memory this step (None: nothing waits for memory).
 
         Only a request's tail blocks can be partly empty and those are never shared, so physical token
-        slots are the used slots minus every request's empty held slots (shared prefix blocks count once)."""
+        slots are the used slots minus every request's empty held slots (shared prefix blocks count once).
+        (One exception, for one step: a parallel-sampling fork's partly filled prompt block, shared until its
+        holders copy it; its empty slots then count once per holder.)"""
         bs = self.block_size
         used_blocks = self.num_blocks - self.num_free_blocks
         slack = reserved = 0

@@ -39,7 +39,7 @@ class Sim:
     ):
         self.clock = Clock()
         self.kv = get_allocator(cache, num_blocks, block_size, eviction=eviction, max_model_len=max_model_len)
-        self.copies = []  # (src, dst, to_host) of every swap copy handed to the executor, in order
+        self.copies = []  # (src, dst, kind) of every block copy handed to the executor, in order
         swap = SwapManager(self.kv, swap_blocks) if swap_blocks else None
         self.sched = Scheduler(
             SchedulerConfig(budget, max_num_seqs, True, max_model_len),

@@ -2,6 +2,7 @@
 
 import pytest
 
+from testbed.core.allocators.base import CopyKind
 from testbed.core.policies import POLICIES, get_policy
 
 from .helpers import Sim
@@ -302,8 +303,8 @@ def test_swap_preemption_keeps_progress_and_copies_blocks_back():
     b = s.add("b", 10, max_tokens=16)
     s.run()
     assert s.sched.num_preemptions >= 1 and s.sched.swap.num_swap_outs >= 1
-    outs = [c for c in s.copies if c[2]]
-    ins = [c for c in s.copies if not c[2]]
+    outs = [c for c in s.copies if c[2] is CopyKind.TO_HOST]
+    ins = [c for c in s.copies if c[2] is CopyKind.TO_DEVICE]
     assert len(outs) == len(ins) == s.sched.swap.num_swap_ins
     for (dev, host, _), (host2, dev2, _) in zip(outs, ins):
         assert host == host2 and len(dev) == len(dev2)

@@ -3,6 +3,7 @@
 import torch
 
 from testbed import Engine, EngineConfig, SamplingParams
+from testbed.core.allocators.base import CopyKind
 
 from .helpers import sharpen, workload
 
@@ -31,12 +32,12 @@ def test_swap_restores_the_same_kv_bytes():
     run_copies = runner.copier.run
 
     def run_checked(copies):
-        for src, dst, to_host in copies:
-            if to_host:  # device blocks src about to go out: remember them
+        for src, dst, kind in copies:
+            if kind is CopyKind.TO_HOST:  # device blocks src about to go out: remember them
                 saved[tuple(dst)] = (list(src), blocks(src))
-                run_copies([(src, dst, True)])
+                run_copies([(src, dst, kind)])
             else:  # back in: the new device blocks hold the same bytes
-                run_copies([(src, dst, False)])
+                run_copies([(src, dst, kind)])
                 old_ids, before = saved.pop(tuple(src))
                 after = blocks(dst)
                 checked.append(old_ids != list(dst))
