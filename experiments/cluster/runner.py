@@ -69,7 +69,7 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
             )
         from experiments.cluster.processes import ProcessCluster
 
-        cluster = ProcessCluster(cfg, config, cluster_cfg)
+        cluster = ProcessCluster(config, cluster_cfg)
         return cluster, None, cluster.model
     raise ValueError(f"a cluster runs executor=sim (simulated) or executor=real (processes), not {config.executor!r}")
 
@@ -211,8 +211,8 @@ def replay_cluster(
         info.update({col: config_value(cfg, col) for col in SWEEP_COLUMNS + CLUSTER_SWEEP_COLUMNS})
         info.update(_override_columns(cfg, hydra.get("overrides", [])))
         append_sweep_row(Path(table), sweep_row(summary, info))
-    if not quiet and engines is not None:
-        print_summary(summary, engines[0], run_dir)
+    if not quiet:
+        print_summary(summary, engines[0] if engines is not None else cluster.description, run_dir)
     if not quiet:
         print_cluster(summary)
     if error is not None:
