@@ -74,7 +74,7 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
     raise ValueError(f"a cluster runs executor=sim (simulated) or executor=real (processes), not {config.executor!r}")
 
 
-def run_cluster(cfg, run_dir: str | Path) -> dict:
+def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
     """Replay cfg.trace through the cluster of cfg.cluster; returns the summary (also in summary.json)."""
     cluster_cfg = ClusterConfig.from_any(config_value(cfg, "cluster"))
     trace_cfg = config_value(cfg, "trace")
@@ -92,7 +92,15 @@ def run_cluster(cfg, run_dir: str | Path) -> dict:
         specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
         report = {**trace.report, "replay_length_policy": length_report}
         return replay_cluster(
-            cfg, run_dir, cluster, engines, cluster_cfg, specs, trace_report=report, source=trace.report.get("path")
+            cfg,
+            run_dir,
+            cluster,
+            engines,
+            cluster_cfg,
+            specs,
+            trace_report=report,
+            source=trace.report.get("path"),
+            quiet=quiet,
         )
     finally:
         close = getattr(cluster, "close", None)

@@ -78,10 +78,8 @@ class DisaggregatedCluster(SimulatedCluster):
         return dataclasses.replace(params, max_tokens=1, min_tokens=0)
 
     def validate(self, prompt_token_ids, params, request_id) -> None:
-        for replica in self.prefill:
-            replica.engine.validate(prompt_token_ids, self.prefill_params(params), request_id)
-        for replica in self.decode:
-            replica.engine.validate(prompt_token_ids, params, request_id)
+        self.prefill[0].engine.validate(prompt_token_ids, self.prefill_params(params), request_id)
+        self.decode[0].engine.validate(prompt_token_ids, params, request_id)
 
     def submit(self, request_id, prompt_token_ids, params, arrival_time=None, priority=0) -> int:
         index = self.route(request_id, prompt_token_ids, self.prefill, self.router)

@@ -58,9 +58,9 @@ class SimulatedCluster:
         return self.replicas
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> None:
-        """Raise (ValueError) if some replica this request may reach could never run it."""
-        for replica in self.replicas:
-            replica.engine.validate(prompt_token_ids, params, request_id)
+        """Raise (ValueError) if the replicas could never run this request (they share one engine config,
+        seeds aside, so the first one answers for all)."""
+        self.replicas[0].engine.validate(prompt_token_ids, params, request_id)
 
     def route(self, request_id: str, prompt_token_ids: list[int], replicas: list[SimReplica], router: Router) -> int:
         hashes = leading_block_hashes(prompt_token_ids, self.block_size)
