@@ -56,11 +56,12 @@ def test_random_is_seeded_uniform_and_healthy_only():
     assert all(900 < c < 1100 for c in counts.values())
 
 
-def test_least_outstanding_picks_the_shortest_queue_then_engine_queue_then_index():
+def test_least_outstanding_picks_the_shortest_queue_then_engine_queue_then_in_turn():
     router = get_router("least_outstanding")
     assert router.route(request(), replicas(3, 1, 2)) == 1
     assert router.route(request(), replicas(2, 1, 1, running=[0, 5, 2], waiting=[0, 0, 1])) == 2
-    assert router.route(request(), replicas(1, 1, 1)) == 0
+    assert [router.route(request(), replicas(1, 1, 1)) for _ in range(4)] == [0, 1, 2, 0]  # ties in turn
+    assert get_router("least_outstanding").route(request(), replicas(0, 0)) == 0
 
 
 def test_least_kv_prefers_the_largest_free_share():
@@ -69,6 +70,7 @@ def test_least_kv_prefers_the_largest_free_share():
     assert router.route(request(), views) == 1  # most free, however busy
     views = replicas(4, 2, free_blocks=[50, 50])
     assert router.route(request(), views) == 1  # tie on free: fewer outstanding
+    assert [router.route(request(), replicas(0, 0, 0)) for _ in range(3)] == [2, 0, 1]  # full ties: in turn
     views = replicas(0, 0, free_blocks=[50, 40])
     views[1].total_blocks = 50  # 80% free beats 50% free
     assert router.route(request(), views) == 1
@@ -147,6 +149,8 @@ def test_cached_prefix_is_found_by_bisection():
 
 def test_prefix_affinity_without_blocks_goes_to_the_least_loaded():
     assert get_router("prefix_affinity").route(request(()), replicas(3, 0, 2)) == 1
+    router = get_router("prefix_affinity")
+    assert [router.route(request(()), replicas(0, 0)) for _ in range(3)] == [0, 1, 0]
 
 
 def test_hash_ring_moves_only_the_keys_of_a_removed_replica():

@@ -77,6 +77,7 @@ class Router:
         raise NotImplementedError
 
 
-def least_loaded(replicas: Sequence[ReplicaView]) -> ReplicaView:
-    """Fewest outstanding requests; ties: fewest queued in the engine, then the lowest index."""
-    return min(replicas, key=lambda r: (r.outstanding, r.running + r.waiting, r.index))
+def least_loaded(replicas: Sequence[ReplicaView], after: int, num_replicas: int) -> ReplicaView:
+    """Fewest outstanding requests; ties: fewest queued in the engine, then in turn from the replica after
+    `after` (NGINX least_conn tries tied servers round robin), so an idle cluster is not all replica 0."""
+    return min(replicas, key=lambda r: (r.outstanding, r.running + r.waiting, (r.index - after - 1) % num_replicas))

@@ -1,5 +1,5 @@
 """Most free KV blocks (the replica whose cache has the most room: llm-d's kv-cache-utilization scorer).
-Ties: fewest outstanding requests, then lowest index."""
+Ties: fewest outstanding requests, then round robin."""
 
 from testbed.cluster.routers.base import Router
 
@@ -7,6 +7,17 @@ from testbed.cluster.routers.base import Router
 class LeastKVRouter(Router):
     name = "least_kv"
 
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self.last = -1
+
     def choose(self, request, healthy, num_replicas):
         # free share, so replicas of different sizes compare fairly
-        return min(healthy, key=lambda r: (-r.free_blocks / max(r.total_blocks, 1), r.outstanding, r.index)).index
+        after = self.last
+
+        def key(r):
+            return -r.free_blocks / max(r.total_blocks, 1), r.outstanding, (r.index - after - 1) % num_replicas
+
+        chosen = min(healthy, key=key)
+        self.last = chosen.index
+        return chosen.index

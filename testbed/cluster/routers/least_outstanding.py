@@ -1,5 +1,5 @@
-"""Fewest outstanding requests (join the shortest queue): SGLang router's shortest-queue fallback and
-vLLM production-stack's session-less load balancing. Ties: fewest queued in the engine, then lowest index."""
+"""Fewest outstanding requests (join the shortest queue): SGLang router's shortest-queue fallback, NGINX's
+least_conn. Ties: fewest queued in the engine, then round robin (as NGINX least_conn)."""
 
 from testbed.cluster.routers.base import Router, least_loaded
 
@@ -7,5 +7,10 @@ from testbed.cluster.routers.base import Router, least_loaded
 class LeastOutstandingRouter(Router):
     name = "least_outstanding"
 
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self.last = -1
+
     def choose(self, request, healthy, num_replicas):
-        return least_loaded(healthy).index
+        self.last = least_loaded(healthy, self.last, num_replicas).index
+        return self.last

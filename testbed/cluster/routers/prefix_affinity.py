@@ -100,11 +100,13 @@ class PrefixAffinityRouter(Router):
             raise ValueError(f"prefix_affinity vnodes must be an integer >= 1, got {vnodes!r}")
         self.key_blocks, self.load_factor, self.vnodes, self.cache_aware = key_blocks, load_factor, vnodes, cache_aware
         self.ring: HashRing | None = None
+        self.last = -1  # the last replica a request without blocks went to (ties in turn)
 
     def choose(self, request, healthy, num_replicas):
         hashes = request.block_hashes
         if not hashes:
-            return least_loaded(healthy).index
+            self.last = least_loaded(healthy, self.last, num_replicas).index
+            return self.last
         if self.ring is None or self.ring.num_replicas != num_replicas:
             self.ring = HashRing(num_replicas, self.vnodes)
         by_index = {r.index: r for r in healthy}
