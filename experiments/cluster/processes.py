@@ -67,11 +67,17 @@ def _output(fields: tuple) -> RequestOutput:
 
 def replica_main(index: int, config, threads: int, inbox, results) -> None:
     """A replica process: build the engine, then add, step and report until told to stop."""
+    import signal
+
     import torch
 
     from experiments.recorder import Recorder
     from testbed import Engine
 
+    # the driver owns stopping (Ctrl-C and scancel reach the whole process group): it aborts, collects
+    # and stops its replicas by message, and they die with it (daemon processes)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(threads)
     engine = Engine(config)
     recorder = Recorder().attach(engine)
@@ -205,8 +211,8 @@ class ProcessCluster:
         for inbox in self.inboxes:
             inbox.put(("abort",))
         deadline = self.now + 60
-        while len(self._acks) < len(self.inboxes) and self.now < deadline:
-            self._receive(deadline)
+        while len(self._acks) < len(self._alive()) and self.now < deadline:
+            self._receive(deadline, tolerate_dead=True)
         out, self._pending = self._pending, []
         return out
 
@@ -215,8 +221,8 @@ class ProcessCluster:
         for inbox in self.inboxes:
             inbox.put(("stop",))
         deadline = self.now + 120
-        while len(self._steps) < len(self.inboxes) and self.now < deadline:
-            self._receive(deadline)
+        while len(self._steps) < len(self._alive()) and self.now < deadline:
+            self._receive(deadline, tolerate_dead=True)
         return self._steps
 
     def close(self) -> None:
@@ -234,13 +240,17 @@ class ProcessCluster:
         return {"cluster_mode": "processes", "cluster_router": self.router.name, "threads_per_replica": self.threads}
 
     # ---- messages ---------------------------------------------------------------------------------
-    def _receive(self, deadline: float):
-        """One message from any replica (None if none came by the deadline); a dead replica is an error."""
+    def _alive(self) -> list[int]:
+        return [i for i, p in enumerate(self.processes) if p.is_alive()]
+
+    def _receive(self, deadline: float, tolerate_dead: bool = False):
+        """One message from any replica (None if none came by the deadline); a dead replica is an error
+        (unless shutting down, when the others' messages are still taken)."""
         try:
             message = self.results.get(timeout=max(0.0, min(deadline - self.now, 0.5)))
         except queue.Empty:
             dead = [p.name for p in self.processes if not p.is_alive() and p.exitcode not in (0, None)]
-            if dead:
+            if dead and not tolerate_dead:
                 raise RuntimeError(f"replica process died: {', '.join(dead)}") from None
             return None
         kind, index = message[0], message[1]

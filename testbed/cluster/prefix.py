@@ -40,7 +40,8 @@ class RoutedPrefixes:
 
 def text_block_hashes(text: str, block_chars: int = 64) -> list[int]:
     """Chained hashes of a text prompt's full `block_chars`-character blocks: a router in front of HTTP
-    backends sees text, not token ids (SGLang's router matches prefixes on text for the same reason)."""
+    backends sees text, not token ids (SGLang's router matches prefixes on text for the same reason).
+    Python's str hash differs between processes: they mean something only in the router that made them."""
     hashes, parent = [], None
     for i in range(len(text) // block_chars):
         parent = hash((parent, text[i * block_chars : (i + 1) * block_chars]))

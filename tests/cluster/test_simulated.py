@@ -103,3 +103,15 @@ def test_prefix_affinity_keeps_conversations_on_their_cache(tmp_path):
     assert affine["cluster_prefix_hit_rate"] > single["prefix_hit_rate"] - 0.02
     assert spread["cluster_prefix_hit_rate"] < single["prefix_hit_rate"] / 2
     assert affine["replica_request_cv"] < 0.5  # and the conversations are spread, not piled on one replica
+
+
+@pytest.mark.parametrize("pd_split", [False, True])
+def test_a_timed_out_cluster_run_aborts_what_is_in_flight_and_keeps_the_rest(tmp_path, pd_split):
+    layout = ["cluster.prefill_replicas=1", "cluster.decode_replicas=2"] if pd_split else ["cluster.replicas=3"]
+    overrides = [*SIM, *SMALL_TRACE, "trace.rate=2000", "replay=open_loop", "replay.max_duration_s=0.05", *layout]
+    summary, requests = load(run(tmp_path, "cut", *overrides))
+    assert summary["timed_out"] and 0 < summary["completed"] < 40
+    assert requests["request_id"].is_unique and requests["finish_reason"].notna().all()
+    aborted = requests[requests["finish_reason"] == "abort"]
+    assert len(aborted) == 40 - summary["completed"]
+    assert (aborted["output_tokens"] < aborted["target_output_tokens"]).all()
