@@ -17,32 +17,45 @@ CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     from experiments.runner import build_engine
+    from testbed.cluster.config import ClusterConfig
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # mode=null: replay when a trace is given (trace=azure ...), else the built-in offline prompt set
     mode = cfg.mode or ("replay" if cfg.get("trace") else "offline")
-    if mode not in ("offline", "replay", "serve"):
-        raise ValueError(f"unknown mode {cfg.mode!r}; one of offline, replay, serve")
+    if mode not in ("offline", "replay", "serve", "route"):
+        raise ValueError(f"unknown mode {cfg.mode!r}; one of offline, replay, serve, route")
+    if mode == "route":  # an HTTP front end over testbed-serve backends: no engine here
+        from testbed.cluster.http import serve_router
+
+        return serve_router(cfg.cluster, cfg.server)
+    if ClusterConfig.from_any(cfg.get("cluster")).enabled:  # N replicas behind a router
+        if mode != "replay":
+            raise ValueError(f"a cluster (cluster.replicas > 1 or P/D) replays a trace (trace=...), not mode={mode}")
+        from experiments.cluster.runner import run_cluster
+
+        return _interruptible(lambda: run_cluster(cfg, out_dir), out_dir)
     # the server's engine keeps the plain clock: a long-lived server would accumulate readings
     engine = build_engine(cfg, record_clock=mode != "serve")
-    if mode in ("offline", "replay"):
-        try:
-            if mode == "replay":
-                from experiments.runner import run_trace
+    if mode == "replay":
+        from experiments.runner import run_trace
 
-                return run_trace(cfg, out_dir, engine)
-            from experiments.offline import run_offline
+        return _interruptible(lambda: run_trace(cfg, out_dir, engine), out_dir)
+    if mode == "offline":
+        from experiments.offline import run_offline
 
-            return run_offline(engine, cfg.workload, out_dir, cfg)
-        except KeyboardInterrupt as e:  # the runner has written what it measured (summary: interrupted)
-            signum = getattr(e, "signum", signal.SIGINT)  # experiments.runner.RunInterrupted: which signal
-            print(f"interrupted ({signal.Signals(signum).name}): partial results in {out_dir}", file=sys.stderr)
-            sys.exit(128 + signum)
-    if mode == "serve":
-        from testbed.server import serve
+        return _interruptible(lambda: run_offline(engine, cfg.workload, out_dir, cfg), out_dir)
+    from testbed.server import serve
 
-        return serve(engine, cfg.server)
-    raise ValueError(f"unknown mode {cfg.mode!r}")
+    return serve(engine, cfg.server)
+
+
+def _interruptible(run, out_dir: Path):
+    try:
+        return run()
+    except KeyboardInterrupt as e:  # the runner has written what it measured (summary: interrupted)
+        signum = getattr(e, "signum", signal.SIGINT)  # experiments.runner.RunInterrupted: which signal
+        print(f"interrupted ({signal.Signals(signum).name}): partial results in {out_dir}", file=sys.stderr)
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,260 @@
+"""A trace replayed through a cluster of replicas: `python run.py cluster.replicas=N ...` (and P/D).
+
+    python run.py executor=sim device=h100-sxm model=llama-3.1-8b trace=azure replay=open_loop \\
+        cluster.replicas=8 cluster.router=prefix_affinity          # simulated: N engines, one virtual clock
+    python run.py model=smollm2-135m kernel=cpu trace=azure cluster.replicas=2   # real: one process each
+
+The same result files as a single-engine run (experiments.results), with the cluster's columns and keys
+(experiments.cluster.recording); the same signal handling (partial results kept, summary says so).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+from tqdm.auto import tqdm
+
+from experiments.cluster.recording import ClusterRecorder, cluster_summary
+from experiments.cluster.replay import ClusterReplay
+from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
+from experiments.replay import MODES
+from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.runner import (
+    SWEEP_COLUMNS,
+    RunInterrupted,
+    _hydra_info,
+    _override_columns,
+    _positive,
+    _relative,
+    _StopSignals,
+    apply_length_policy,
+    config_value,
+    executor_summary,
+    print_summary,
+    spec_summary,
+    trace_vocab_size,
+)
+from experiments.traces import RequestSpec, load_trace
+from testbed.cluster.config import ClusterConfig
+
+CLUSTER_SWEEP_COLUMNS = (
+    "cluster.replicas",
+    "cluster.router",
+    "cluster.prefill_replicas",
+    "cluster.decode_replicas",
+    "cluster.decode_router",
+)
+
+
+def build_cluster(cfg, cluster_cfg: ClusterConfig):
+    """(cluster, engines or None, a replica engine or model spec for the trace loader)."""
+    from experiments.engine_config import engine_config_from_cfg
+
+    config = engine_config_from_cfg(cfg)
+    if config.executor == "sim":
+        from testbed.cluster.build import build_simulated_cluster
+
+        cluster = build_simulated_cluster(config, cluster_cfg)
+        engines = [r.engine for r in cluster.replicas]
+        return cluster, engines, engines[0]
+    if config.executor == "real":
+        if cluster_cfg.disaggregated:
+            raise ValueError(
+                "P/D disaggregation runs on the simulator (executor=sim); real replicas share no KV transport"
+            )
+        from experiments.cluster.processes import ProcessCluster
+
+        cluster = ProcessCluster(config, cluster_cfg)
+        return cluster, None, cluster.model
+    raise ValueError(f"a cluster runs executor=sim (simulated) or executor=real (processes), not {config.executor!r}")
+
+
+def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
+    """Replay cfg.trace through the cluster of cfg.cluster; returns the summary (also in summary.json)."""
+    cluster_cfg = ClusterConfig.from_any(config_value(cfg, "cluster"))
+    trace_cfg = config_value(cfg, "trace")
+    if not trace_cfg:
+        raise ValueError("a cluster replays a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic")
+    check_slo(config_value(cfg, "slo"))
+    cluster, engines, model = build_cluster(cfg, cluster_cfg)
+    try:
+        trace = load_trace(
+            trace_cfg,
+            vocab_size=trace_vocab_size(model),
+            max_model_len=model.max_model_len,
+            tokenizer=getattr(model, "tokenizer", None),
+        )
+        specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
+        report = {**trace.report, "replay_length_policy": length_report}
+        return replay_cluster(
+            cfg,
+            run_dir,
+            cluster,
+            engines,
+            cluster_cfg,
+            specs,
+            trace_report=report,
+            source=trace.report.get("path"),
+            quiet=quiet,
+        )
+    finally:
+        close = getattr(cluster, "close", None)
+        if close is not None:
+            close()
+
+
+def replay_cluster(
+    cfg,
+    run_dir: str | Path,
+    cluster,
+    engines,
+    cluster_cfg: ClusterConfig,
+    specs: list[RequestSpec],
+    *,
+    trace_report: dict | None = None,
+    source: str | None = None,
+    quiet: bool = False,
+) -> dict:
+    run_dir = Path(run_dir)
+    replay_cfg = config_value(cfg, "replay", {}) or {}
+    mode = replay_cfg.get("name", "offline")
+    if mode not in MODES:
+        raise ValueError(f"replay.name: unknown replay mode {mode!r}; one of {list(MODES)}")
+    slo = check_slo(config_value(cfg, "slo"))
+    percentiles = list(config_value(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
+    resolved = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    experiment = config_value(cfg, "experiment", "default")
+    hydra = _hydra_info()
+    roles = cluster.roles
+    recorder = ClusterRecorder(roles, cluster_cfg.disaggregated)
+    if engines is not None:
+        recorder.attach_all(engines)
+    bar = tqdm(
+        total=len(specs),
+        unit="req",
+        desc=f"{experiment} [{mode}, {len(roles)} replicas]",
+        dynamic_ncols=True,
+        mininterval=0.5,
+        disable=quiet or not config_value(cfg, "progress", True),
+        file=sys.stderr,
+    )
+    replay = ClusterReplay(
+        cluster,
+        recorder,
+        temperature=replay_cfg.get("temperature", 0.0),
+        max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
+        on_finish=lambda _row: bar.update(1),
+        source=source,
+    )
+    interrupted, error = False, None
+    with _StopSignals() as stops:
+        try:
+            replay.run(specs, mode, replay_cfg.get("concurrency"))
+            stops.defer()
+        except (KeyboardInterrupt, Exception) as e:
+            stops.defer()
+            if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
+                raise
+            interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
+            replay.abort_in_flight()
+            replay.end_time = cluster.now
+        finally:
+            bar.close()
+            recorder.detach()
+        collect = getattr(cluster, "collect_steps", None)  # replica processes send their step rows at the end
+        if collect is not None:
+            for index, rows in collect().items():
+                recorder.add_step_rows(index, rows)
+
+        start = replay.start_time if replay.start_time is not None else cluster.now
+        end = replay.end_time if replay.end_time is not None else start
+        requests, steps = recorder.requests_frame(), recorder.steps_frame()
+        summary = summarize(requests, steps, start, end, slo, percentiles)
+        summary.update(
+            {
+                "experiment": experiment,
+                "replay": mode,
+                "trace": (trace_report or {}).get("format"),
+                "num_requests": len(specs),
+                "num_sent": replay.num_sent,
+                "interrupted": interrupted,
+                "signal": signal.Signals(stops.hits[0]).name if interrupted and stops.hits else None,
+                "timed_out": replay.timed_out,
+                "error": None if error is None else f"{type(error).__name__}: {error}",
+                "start_time": start,
+                "end_time": end,
+                "slo": slo,
+                "percentiles": percentiles,
+            }
+        )
+        summary.update(cluster_summary(requests, steps, start, end, roles, slo, percentiles))
+        summary.update(cluster.identity())
+        if engines is not None:
+            summary.update(spec_summary(engines[0]))
+            summary.update(executor_summary(engines[0]))
+            if summary.get("executor") == "sim":  # the whole cluster's simulated work, not replica 0's
+                summary["sim_simulated_seconds"] = cluster.simulated_seconds
+                summary["sim_steps"] = sum(e.executor.num_steps for e in engines)
+        else:  # replica processes: what they resolved kernel=auto to
+            summary["executor"], summary["kernel"] = "real", cluster.description.kernel
+        write_run(
+            run_dir,
+            config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)),
+            requests=requests,
+            steps=steps,
+            summary=summary,
+            trace_report=trace_report,
+        )
+        table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
+        info = {
+            "run_dir": _relative(run_dir, Path(table).parent),
+            "job_num": hydra.get("job_num"),
+            "overrides": " ".join(hydra.get("overrides", [])),
+        }
+        info.update({col: config_value(cfg, col) for col in SWEEP_COLUMNS + CLUSTER_SWEEP_COLUMNS})
+        info.update(_override_columns(cfg, hydra.get("overrides", [])))
+        append_sweep_row(Path(table), sweep_row(summary, info))
+    if not quiet:
+        print_summary(summary, engines[0] if engines is not None else cluster.description, run_dir)
+    if not quiet:
+        print_cluster(summary)
+    if error is not None:
+        raise error
+    if interrupted or stops.hits:
+        raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
+    return summary
+
+
+def print_cluster(summary: dict, console: Console | None = None) -> None:
+    simulated = "SIMULATED " if summary.get("executor") == "sim" else ""
+    title = (
+        f"{simulated}cluster: {summary['cluster_replicas']} replicas, router={summary.get('cluster_router')}"
+        f" | requests CV {summary['replica_request_cv']:.2f} | tokens CV {summary['replica_token_cv']:.2f}"
+        f" | prefix hits {summary['cluster_prefix_hit_rate']:.1%}"
+    )
+    table = Table(title=title)
+    for col in ("replica", "role", "requests", "tokens", "prefix hits", "goodput (req/s)"):
+        table.add_column(col, justify="right")
+    for i, role in enumerate(summary["replica_roles"]):
+        goodput = summary["replica_goodput"][i]
+        table.add_row(
+            str(i),
+            role,
+            str(summary["replica_requests"][i]),
+            str(summary["replica_tokens"][i]),
+            f"{summary['replica_prefix_hit_rate'][i]:.1%}",
+            "-" if goodput is None else f"{goodput:.2f}",
+        )
+    console = console or Console()
+    console.print(table)
+    if "kv_transfers" in summary:
+        console.print(
+            f"KV transfers: {summary['kv_transfers']}, {summary['kv_transfer_bytes_total'] / 2**30:.2f} GiB, "
+            f"mean {summary['mean_kv_transfer_ms']:.2f} ms (p99 {summary['p99_kv_transfer_ms']:.2f} ms), "
+            f"mean wait {summary['mean_kv_transfer_wait_ms']:.2f} ms"
+        )

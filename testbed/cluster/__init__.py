@@ -1,0 +1,1 @@
+"""Many engine replicas behind a router: routers, KV transfer links, the simulated cluster, the HTTP front end."""

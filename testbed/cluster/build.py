@@ -1,0 +1,46 @@
+"""Assemble a simulated cluster from one engine config and the cluster config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from testbed.cluster.config import ClusterConfig
+from testbed.cluster.routers import get_router
+from testbed.cluster.simulated import SimulatedCluster
+from testbed.config import EngineConfig
+
+
+def replica_config(config: EngineConfig, index: int) -> EngineConfig:
+    """Replica `index`'s engine config: the same engine, its own seeds (sampling, simulated draws), so
+    replicas draw independently; replica 0 is exactly the single-engine config."""
+    sim = dict(config.sim_config or {})
+    if "seed" in sim or config.executor == "sim":
+        sim["seed"] = (sim.get("seed") or 0) + index
+    return dataclasses.replace(
+        config, seed=config.seed + index, sim_config=sim if config.executor == "sim" else config.sim_config
+    )
+
+
+def build_simulated_cluster(config: EngineConfig, cluster: ClusterConfig) -> SimulatedCluster:
+    from testbed import Engine
+    from testbed.sim.clock import VirtualClock
+
+    if config.executor != "sim":
+        raise ValueError(f"a simulated cluster needs executor=sim, got executor={config.executor!r}")
+    if (config.sim_config or {}).get("cost_model") == "replay_steps":
+        raise ValueError("cost_model=replay_steps replays one recorded engine's clock: it cannot price a cluster")
+    engines = [Engine(replica_config(config, i), clock=VirtualClock()) for i in range(cluster.num_replicas)]
+    router = get_router(cluster.router, seed=config.seed, **cluster.router_options)
+    if cluster.disaggregated:
+        from testbed.cluster.disaggregated import DisaggregatedCluster
+        from testbed.cluster.links import load_link
+
+        decode_router = get_router(cluster.decode_router, seed=config.seed + 1)
+        return DisaggregatedCluster(
+            engines[: cluster.prefill_replicas],
+            engines[cluster.prefill_replicas :],
+            router,
+            decode_router,
+            load_link(cluster.link),
+        )
+    return SimulatedCluster(engines, router)

@@ -1,0 +1,215 @@
+"""The HTTP router: an OpenAI-compatible front end that sends each request to one backend (testbed-serve
+or any vLLM-compatible server) chosen by a router policy, relaying the answer as it comes (streams too).
+
+    POST /v1/completions, /v1/chat/completions   proxied (body and Authorization header as sent)
+    GET  /v1/models                              from a healthy backend
+    GET  /health                                 200 while some backend is healthy, else 503
+    GET  /metrics                                the router's own series (testbed.cluster.http.metrics)
+
+Failures: a backend that cannot be reached before it answers (connection refused or reset, no response)
+is counted against its health and the request is sent to another backend (each at most once), so
+requests keep flowing when a backend dies; a backend that fails after it started answering ends that
+response with a clear error (a stream gets an OpenAI-style `data: {"error": ...}` event, then
+`data: [DONE]`); with no healthy backend left the answer is 503. Every response names its backend in the
+`x-testbed-backend` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from testbed.cluster.http.backends import Backend, BackendPool
+from testbed.cluster.http.metrics import RouterMetrics
+from testbed.cluster.prefix import leading_block_hashes, text_block_hashes
+from testbed.cluster.routers import NoHealthyReplica, ReplicaSnapshot, Router, RouteRequest
+
+ROUTE_BLOCK_TOKENS = 16  # token-id prompts are hashed in blocks of this many tokens (the engine's default)
+# an answer that fails before its first byte can be re-sent elsewhere; nothing was relayed yet
+NOT_ANSWERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+
+
+def error_response(message: str, status: int, type_: str = "server_error") -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": str(status)}}
+    return JSONResponse(body, status_code=status)
+
+
+def stream_error(message: str) -> bytes:
+    body = {"error": {"message": message, "type": "backend_error", "param": None, "code": "502"}}
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+
+
+def route_request(payload: dict) -> RouteRequest:
+    """What a router sees of an OpenAI request: its leading blocks (token ids or text) and length."""
+    prompt = payload.get("prompt") if "prompt" in payload else payload.get("messages")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]  # a batch of prompts goes where its first would
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return RouteRequest("http", len(prompt), leading_block_hashes(prompt, ROUTE_BLOCK_TOKENS))
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return RouteRequest("http", len(text), text_block_hashes(text))
+
+
+class Proxy:
+    def __init__(self, pool: BackendPool, router: Router, metrics: RouterMetrics, request_timeout_s: float):
+        self.pool, self.router, self.metrics = pool, router, metrics
+        self.timeout = httpx.Timeout(request_timeout_s, connect=pool.probe_timeout_s)
+        self.client: httpx.AsyncClient | None = None
+
+    def choose(self, request: RouteRequest, tried: set[int]) -> Backend:
+        views = [
+            ReplicaSnapshot(
+                b.index,
+                b.outstanding,
+                b.running,
+                b.waiting,
+                b.free_blocks,
+                b.total_blocks,
+                b.healthy and b.index not in tried,
+                b.prefixes,
+            )  # fmt: skip
+            for b in self.pool.backends
+        ]
+        return self.pool.backends[self.router.route(request, views)]
+
+    async def forward(self, request: Request, path: str):
+        started = time.monotonic()
+        body = await request.body()
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return error_response("the request body is not JSON", 400, "invalid_request_error")
+        if not isinstance(payload, dict):
+            return error_response("the request body must be a JSON object", 400, "invalid_request_error")
+        stream = bool(payload.get("stream"))
+        route = route_request(payload)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        tried: set[int] = set()
+        while True:
+            try:
+                backend = self.choose(route, tried)
+            except NoHealthyReplica:
+                self.metrics.no_backend.inc()
+                reasons = "; ".join(f"{b.url}: {b.last_error or 'unhealthy'}" for b in self.pool.backends)
+                return error_response(f"no healthy backend ({reasons})", 503)
+            backend.outstanding += 1
+            backend.prefixes.add(route.block_hashes)
+            url = f"{backend.url}{path}"
+            try:
+                upstream = await self.client.send(
+                    self.client.build_request("POST", url, content=body, headers=headers), stream=True
+                )
+            except NOT_ANSWERED as e:
+                backend.outstanding -= 1
+                self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                self.metrics.retries.labels(backend.url).inc()
+                tried.add(backend.index)
+                continue
+            except httpx.HTTPError as e:
+                backend.outstanding -= 1
+                self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                self.metrics.requests.labels(backend.url, "error").inc()
+                return error_response(f"backend {backend.url} failed: {type(e).__name__}: {e}", 502)
+            self.pool.success(backend)
+            relay_headers = {"x-testbed-backend": backend.url}
+            if stream and upstream.status_code == 200:
+                return StreamingResponse(
+                    self.relay(upstream, backend, started), media_type="text/event-stream", headers=relay_headers
+                )
+            try:
+                content = await upstream.aread()
+            except httpx.HTTPError as e:
+                self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                self.metrics.requests.labels(backend.url, "error").inc()
+                return error_response(f"backend {backend.url} failed mid-answer: {type(e).__name__}: {e}", 502)
+            finally:
+                await upstream.aclose()
+                backend.outstanding -= 1
+            self.metrics.requests.labels(backend.url, str(upstream.status_code)).inc()
+            self.metrics.duration.labels(backend.url).observe(time.monotonic() - started)
+            media = upstream.headers.get("content-type", "application/json")
+            return Response(content, status_code=upstream.status_code, media_type=media, headers=relay_headers)
+
+    async def relay(self, upstream: httpx.Response, backend: Backend, started: float):
+        outcome = "200"
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as e:
+            outcome = "stream_error"
+            self.pool.failure(backend, f"{type(e).__name__}: {e}")
+            yield stream_error(f"backend {backend.url} failed mid-stream: {type(e).__name__}: {e}")
+        finally:
+            await upstream.aclose()
+            backend.outstanding -= 1
+            self.metrics.requests.labels(backend.url, outcome).inc()
+            self.metrics.duration.labels(backend.url).observe(time.monotonic() - started)
+
+    async def models(self):
+        for backend in self.pool.backends:
+            if backend.healthy:
+                try:
+                    upstream = await self.client.get(f"{backend.url}/v1/models", timeout=self.pool.probe_timeout_s)
+                except httpx.HTTPError as e:
+                    self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                    continue
+                return Response(upstream.content, upstream.status_code, media_type="application/json")
+        return error_response("no healthy backend", 503)
+
+
+def build_router_app(pool: BackendPool, router: Router, metrics: RouterMetrics, probe_interval_s: float,
+                     request_timeout_s: float) -> FastAPI:  # fmt: skip
+    proxy = Proxy(pool, router, metrics, request_timeout_s)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=proxy.timeout, limits=limits) as client:
+            proxy.client = client
+            await pool.probe_all(client)  # know who is up before the first request
+            probes = asyncio.create_task(pool.probe_forever(client, probe_interval_s))
+            try:
+                yield
+            finally:
+                probes.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await probes
+
+    app = FastAPI(title="testbed router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.pool = pool
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await proxy.forward(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await proxy.forward(request, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models():
+        return await proxy.models()
+
+    @app.get("/health")
+    async def health():
+        backends = [
+            {"url": b.url, "healthy": b.healthy, "outstanding": b.outstanding, "last_error": b.last_error}
+            for b in pool.backends
+        ]
+        healthy = sum(b.healthy for b in pool.backends)
+        return JSONResponse({"status": "ok" if healthy else "no healthy backend", "backends": backends},
+                            status_code=200 if healthy else 503)  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics_page():
+        body, content_type = metrics.render(pool.backends)
+        return Response(body, media_type=content_type)
+
+    return app
