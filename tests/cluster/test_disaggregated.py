@@ -153,7 +153,9 @@ def test_prefix_cached_on_the_decode_replica_is_not_sent_again():
 
 
 def test_pd_needs_a_prefix_cache():
-    config = EngineConfig(model="tiny", executor="sim", sim_config={"device": "h100-sxm"}, enable_prefix_caching=False)
+    config = EngineConfig(
+        model="tiny", executor="sim", sim_config={"device": "h100-sxm"}, enable_prefix_caching=False, num_blocks=64
+    )
     with pytest.raises(ValueError, match="prefix caching on"):
         DisaggregatedCluster(
             [Engine(config, clock=VirtualClock())],

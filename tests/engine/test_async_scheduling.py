@@ -106,9 +106,9 @@ def test_the_next_step_is_prepared_while_this_one_runs():
 
 def test_async_scheduling_refuses_what_it_cannot_overlap():
     with pytest.raises(ValueError, match="speculative decoding"):
-        LLM(model="tiny", async_scheduling=True, speculative_config={"method": "ngram"})
+        LLM(model="tiny", async_scheduling=True, speculative_config={"method": "ngram"}, num_blocks=64)
     with pytest.raises(ValueError, match="a simulation"):
-        LLM(model="tiny", async_scheduling=True, executor="sim", sim_config={"device": "h100-sxm"})
+        LLM(model="tiny", async_scheduling=True, executor="sim", sim_config={"device": "h100-sxm"}, num_blocks=64)
     assert LLM(model="tiny", num_blocks=64).engine.pipeline is None  # CPU default: synchronous
 
 

@@ -30,6 +30,7 @@ def prompt_ids():
     return [tokenizer.encode(p) for p in PROMPTS]
 
 
+@pytest.mark.slow  # ~80 s in the CPU interpreter; the kernels alone: test_triton_backend, test_paged_*
 def test_triton_matches_torch_greedy(prompt_ids):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = {}
