@@ -108,7 +108,6 @@ def synthetic_shapes(n, seed=0):
 
 def test_profile_fit_recovers_a_planted_model():
     truth = {"step": 2e-3, "seqs": 5e-5, "linear": 1e-4, "logits": 2e-5, "prefill_pairs": 3e-9, "decode_context": 4e-8}
-    truth |= {"prefill_step": 6e-3, "prefill_seqs": 4e-4}  # what a step with prompt work pays on top
     knee = 32.0
     shapes = synthetic_shapes(400)
     rng = random.Random(1)
@@ -121,14 +120,13 @@ def test_profile_fit_recovers_a_planted_model():
             + truth["logits"] * s.num_logits
             + truth["prefill_pairs"] * s.prefill_pairs
             + truth["decode_context"] * s.decode_context
-            + (truth["prefill_step"] + truth["prefill_seqs"] * s.prefill_seqs if s.prefill_seqs else 0.0)
         )
 
     seconds = [true_time(s) * rng.uniform(0.98, 1.02) for s in shapes]  # 2% noise
     result = fit(shapes, seconds)
     assert result["fit"]["median_abs_rel_err"] < 0.02
     held_out = synthetic_shapes(100, seed=5)
-    profile = {"format": 2, "model": "m", "kernel": "k", "dtype": "float32", **result}
+    profile = {"format": 1, "model": "m", "kernel": "k", "dtype": "float32", **result}
     cost = ProfileCost.__new__(ProfileCost)
     cost.path, cost.profile, cost.knee = None, profile, result["knee_tokens"]
     import numpy as np

@@ -4,12 +4,6 @@ per operator, so that host work (scheduling, input preparation, sampling, output
 
     t = c_step + c_seq * seqs + max(c_weights, c_token * tokens) + c_logit * logits
         + c_pair * prefill query-key pairs + c_ctx * decode KV tokens read
-        + c_prefill_step * [the step computes any prompt] + c_prefill_seq * prompt chunks
-
-The two prefill terms price what a step with prompt work runs that a pure decode step does not: with
-kernel=cpu a pure decode step runs all layers in one C++ call while a step with a prompt chunk goes layer by
-layer through Python, with one attention call per chunk (measured: real mixed steps with short prompts were
-priced ~30% low without them).
 
 The linear layers cost the slower of reading every weight once and computing the step's rows (a roofline
 with rates fitted to this machine); the knee c_weights / c_token is chosen by grid search, the rest by
@@ -29,25 +23,13 @@ import numpy as np
 
 from testbed.sim.shape import StepShape
 
-FEATURES = ("step", "seqs", "linear", "logits", "prefill_pairs", "decode_context", "prefill_step", "prefill_seqs")
-FORMAT = 2  # format 1 profiles lack the prefill terms: they price them at 0
+FEATURES = ("step", "seqs", "linear", "logits", "prefill_pairs", "decode_context")
+FORMAT = 1
 
 
 def feature_rows(shapes: list[StepShape], knee: float) -> np.ndarray:
     return np.array(
-        [
-            [
-                1.0,
-                s.num_seqs,
-                max(knee, s.num_tokens),
-                s.num_logits,
-                s.prefill_pairs,
-                s.decode_context,
-                1.0 if s.prefill_seqs else 0.0,
-                s.prefill_seqs,
-            ]
-            for s in shapes
-        ],
+        [[1.0, s.num_seqs, max(knee, s.num_tokens), s.num_logits, s.prefill_pairs, s.decode_context] for s in shapes],
         dtype=np.float64,
     )
 
@@ -117,7 +99,7 @@ class ProfileCost:
         except json.JSONDecodeError as e:
             raise ValueError(f"{self.path}: not a profile (invalid JSON: {e})") from None
         p = self.profile
-        if p.get("format") not in (1, FORMAT) or "coefficients" not in p:  # 1: without the prefill terms
+        if p.get("format") != FORMAT or "coefficients" not in p:
             raise ValueError(f"{self.path}: not a testbed step-time profile of format {FORMAT}")
         wanted = {"model": model, "kernel": kernel, "dtype": dtype}
         wrong = {k: (p.get(k), v) for k, v in wanted.items() if p.get(k) != v}
@@ -139,7 +121,7 @@ class ProfileCost:
                 "limits, calibrate larger batches, or set executor.allow_extrapolation=true"
             )
         self.knee = float(p["knee_tokens"])
-        self.coef = np.array([p["coefficients"].get(f, 0.0) for f in FEATURES], dtype=np.float64)
+        self.coef = np.array([p["coefficients"][f] for f in FEATURES], dtype=np.float64)
 
     @property
     def identity(self) -> dict:
@@ -161,5 +143,4 @@ class ProfileCost:
             + c[3] * s.num_logits
             + c[4] * s.prefill_pairs
             + c[5] * s.decode_context
-            + (c[6] + c[7] * s.prefill_seqs if s.prefill_seqs else 0.0)
         )
