@@ -20,17 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, load_average, markdown_table, write_json
+from benchmarks.common import FULL_AZURE, environment, load_average, markdown_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-FULL_AZURE = (
-    next(
-        (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if (p / "traces").is_dir()),
-        ROOT.parent / "shared",
-    )
-    / "traces"
-    / "azure_llm_2023_conv.csv"
-)  # beside the checkout or its worktree folder; only if present
 
 
 def overrides(args, requests: int) -> list[str]:

@@ -84,3 +84,15 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 def write_json(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str))
+
+
+# the full Azure conversation trace beside the checkout (or beside its worktree folder); only if present
+_ROOT = Path(__file__).resolve().parents[1]
+FULL_AZURE = (
+    next(
+        (p for p in (_ROOT.parent / "shared", _ROOT.parent.parent / "shared") if (p / "traces").is_dir()),
+        _ROOT.parent / "shared",
+    )
+    / "traces"
+    / "azure_llm_2023_conv.csv"
+)

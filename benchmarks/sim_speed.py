@@ -18,18 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, markdown_table, write_json
+from benchmarks.common import FULL_AZURE, environment, markdown_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-# the full trace beside the checkout (or beside its worktree folder); the shipped sample otherwise
-FULL_AZURE = (
-    next(
-        (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if (p / "traces").is_dir()),
-        ROOT.parent / "shared",
-    )
-    / "traces"
-    / "azure_llm_2023_conv.csv"
-)
 
 
 def overrides(args, requests: int) -> list[str]:
