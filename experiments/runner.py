@@ -306,28 +306,10 @@ def replay_specs(
         start = replay.start_time if replay.start_time is not None else engine.clock()
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()
-        summary = summarize(requests, steps, start, end, slo, percentiles)
-        summary.update(
-            {
-                "experiment": experiment,
-                "replay": mode,
-                "trace": (trace_report or {}).get("format"),
-                "num_requests": len(specs),
-                "num_sent": replay.num_sent,
-                "interrupted": interrupted,
-                "signal": signal.Signals(stops.hits[0]).name if interrupted and stops.hits else None,
-                "timed_out": replay.timed_out,
-                "error": None if error is None else f"{type(error).__name__}: {error}",
-                "start_time": start,
-                "end_time": end,
-                "slo": slo,
-                "percentiles": percentiles,
-                # which configuration this run repeats, and with which seeds (experiments.aggregate)
-                "config_id": config_id(resolved),
-                "repeat": config_value(cfg, "replay.repeat") or 0,
-                "seed": config_value(cfg, "seed"),
-            }
-        )
+        summary = run_summary(
+            requests, steps, start, end, replay, experiment, mode, trace_report, len(specs), stops, interrupted, error,
+            slo, percentiles, cfg, resolved,
+        )  # fmt: skip
         summary.update(spec_summary(engine))
         summary.update(executor_summary(engine))
         readings = getattr(engine.clock, "readings", None)  # a RecordingClock's (real runs)
@@ -356,6 +338,36 @@ def replay_specs(
         raise error
     if interrupted or stops.hits:
         raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
+    return summary
+
+
+def run_summary(
+    requests, steps, start, end, replay, experiment, mode, trace_report, num_requests, stops, interrupted, error,
+    slo, percentiles, cfg, resolved,
+) -> dict:  # fmt: skip
+    """The summary of a replay (one engine or a cluster): the serving metrics, how the run went, and which
+    configuration it repeats with which seeds (experiments.aggregate)."""
+    summary = summarize(requests, steps, start, end, slo, percentiles)
+    summary.update(
+        {
+            "experiment": experiment,
+            "replay": mode,
+            "trace": (trace_report or {}).get("format"),
+            "num_requests": num_requests,
+            "num_sent": replay.num_sent,
+            "interrupted": interrupted,
+            "signal": signal.Signals(stops.hits[0]).name if interrupted and stops.hits else None,
+            "timed_out": replay.timed_out,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "start_time": start,
+            "end_time": end,
+            "slo": slo,
+            "percentiles": percentiles,
+            "config_id": config_id(resolved),
+            "repeat": config_value(cfg, "replay.repeat") or 0,
+            "seed": config_value(cfg, "seed"),
+        }
+    )
     return summary
 
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from experiments.cluster.recording import ClusterRecorder, cluster_summary
 from experiments.cluster.replay import ClusterReplay
-from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
+from experiments.metrics import DEFAULT_PERCENTILES, check_slo
 from experiments.replay import MODES
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
 from experiments.runner import (
@@ -36,6 +36,7 @@ from experiments.runner import (
     config_value,
     executor_summary,
     print_summary,
+    run_summary,
     spec_summary,
     trace_vocab_size,
 )
@@ -174,24 +175,10 @@ def replay_cluster(
         start = replay.start_time if replay.start_time is not None else cluster.now
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()
-        summary = summarize(requests, steps, start, end, slo, percentiles)
-        summary.update(
-            {
-                "experiment": experiment,
-                "replay": mode,
-                "trace": (trace_report or {}).get("format"),
-                "num_requests": len(specs),
-                "num_sent": replay.num_sent,
-                "interrupted": interrupted,
-                "signal": signal.Signals(stops.hits[0]).name if interrupted and stops.hits else None,
-                "timed_out": replay.timed_out,
-                "error": None if error is None else f"{type(error).__name__}: {error}",
-                "start_time": start,
-                "end_time": end,
-                "slo": slo,
-                "percentiles": percentiles,
-            }
-        )
+        summary = run_summary(
+            requests, steps, start, end, replay, experiment, mode, trace_report, len(specs), stops, interrupted, error,
+            slo, percentiles, cfg, resolved,
+        )  # fmt: skip
         summary.update(cluster_summary(requests, steps, start, end, roles, slo, percentiles))
         summary.update(cluster.identity())
         if engines is not None:

@@ -88,6 +88,7 @@ def test_every_request_finishes_once_on_one_decode_replica(tmp_path):
     assert (requests["output_tokens"] == requests["target_output_tokens"]).all()
     assert set(requests["prefill_replica"]) == {0, 1} and set(requests["replica"]) == {2, 3}
     assert summary["replica_roles"] == ["prefill", "prefill", "decode", "decode"]
+    assert summary["config_id"] and summary["repeat"] == 0  # cluster runs aggregate like single-engine ones
     assert summary["replica_requests"][2] + summary["replica_requests"][3] == 40
     assert summary["replica_requests"][0] + summary["replica_requests"][1] == 40
     steps = pd.read_parquet(tmp_path / "pd" / "steps.parquet")
