@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from testbed.core.allocators.base import KVAllocator, KVCopy
+from testbed.core.group_seats import GroupSeats
 from testbed.core.policies import SchedulingPolicy
 from testbed.core.swap import SwapManager
 from testbed.request import Request, RequestStatus
@@ -87,10 +88,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
         self.blocked_request: Request | None = None  # waiting request refused memory in the last step
-        # parallel sampling (testbed.sequence_group): running leaders of groups not yet forked, and the seats
-        # they hold for their siblings
-        self._unforked: set[Request] = set()
-        self.num_reserved_seats = 0
+        self.seats = GroupSeats()  # parallel sampling: seats held for groups not yet forked
         # sum of num_computed_tokens over self.running, kept as they change: KV accounting in O(1)
         self.running_computed_tokens = 0
         # the policy's per-request chunking rule, or None when it is the default (take what is left)
@@ -125,8 +123,7 @@ class Scheduler:
         and start over later (prefix cache permitting)."""
         self.running.remove(request)
         self.running_computed_tokens -= request.num_computed_tokens
-        if request in self._unforked:
-            self._release_seats(request)
+        self.seats.release(request)
         request.spec_token_ids = []
         if self.swap is None or not self.swap.swap_out(request):
             self.kv.free(request)
@@ -260,7 +257,7 @@ class Scheduler:
                 return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
-        while self.waiting and budget > 0 and len(self.running) + self.num_reserved_seats < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) + self.seats.reserved < self.config.max_num_seqs:
             request = self.waiting[0]
             if request.group is not None and not self._has_seats(request):
                 break
@@ -293,8 +290,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self._insert(self.running, request, now)
             if request.group is not None and not request.group.forked:
-                self._unforked.add(request)
-                self.num_reserved_seats += len(request.group.sequences) - 1
+                self.seats.hold(request)
             self._record(out, request, num_new)
             budget -= num_new
 
@@ -315,7 +311,7 @@ class Scheduler:
         updates = self._finish_failed(out, errors) if errors else []
         finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
-        unforked = self._unforked
+        unforked = self.seats.unforked
         for idx, (request, tokens) in enumerate(zip(out.requests, sampled)):
             if not tokens or request.status.finished:  # mid-prefill, or aborted while the step ran
                 continue
@@ -348,21 +344,18 @@ class Scheduler:
         return updates
 
     # ---- parallel sampling (testbed.sequence_group) -------------------------------------------------
-    def _has_seats(self, request: Request) -> bool:
-        """Seats for a waiting request: a group not yet forked needs one for each of its sequences."""
-        group = request.group
-        need = 1 if group is None or group.forked else len(group.sequences)
-        return len(self.running) + self.num_reserved_seats + need <= self.config.max_num_seqs
+    @property
+    def num_reserved_seats(self) -> int:
+        return self.seats.reserved
 
-    def _release_seats(self, leader: Request) -> None:
-        self._unforked.discard(leader)
-        self.num_reserved_seats -= len(leader.group.sequences) - 1
+    def _has_seats(self, request: Request) -> bool:
+        return len(self.running) + self.seats.reserved + self.seats.needed(request) <= self.config.max_num_seqs
 
     def _fork(self, leader: Request, now: float) -> None:
         """Start the siblings of a leader that has computed its prompt: each shares the KV of the prompt's first
         L - 1 tokens and computes the last one itself, for its own logits row. They take the seats the leader
         held and its place in the queue order (same arrival, same admission number)."""
-        self._release_seats(leader)
+        self.seats.release(leader)
         group = leader.group
         group.forked = True
         num_shared = leader.num_prompt_tokens - 1
@@ -411,8 +404,7 @@ class Scheduler:
 
     def _release(self, request: Request, now: float) -> None:
         """Free what a finished request holds; the caller has taken it out of self.running."""
-        if request in self._unforked:  # a group's leader ended (aborted) before its siblings started
-            self._release_seats(request)
+        self.seats.release(request)  # a group's leader that ended before its siblings started
         request.finish_time = now
         self.kv.free(request)
         if self.swap is not None:
