@@ -53,3 +53,20 @@ def test_evicted_prefix_is_recomputed():
     llm.generate([b], GREEDY)
     assert llm.generate([a], GREEDY)[0].metrics.num_cached_tokens < 16
     llm.engine.kv.pool.check_invariants()
+
+
+def test_block_hashes_are_the_same_in_every_process():
+    """Prefix-affinity routing and simulated cluster runs depend on block hashes: they must not change with
+    the process (hash(None) is an address before Python 3.12; strings hash by PYTHONHASHSEED)."""
+    import os
+    import subprocess
+    import sys
+
+    from testbed.core.kv_cache_manager import hash_block
+
+    code = "from testbed.core.kv_cache_manager import hash_block; print(hash_block(hash_block(None, [1, 2]), [3]))"
+    here = hash_block(hash_block(None, [1, 2]), [3])
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert int(out.stdout) == here
