@@ -121,6 +121,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return torch.ops.testbed_cpu.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Same contract as reference.silu_and_mul_ref: x = [..., 2*d] (gate | up) -> silu(gate) * up."""
+    load()
+    return torch.ops.testbed_cpu.silu_and_mul(x.contiguous())
+
+
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
     """Neox-style rotary embedding, same contract as reference.rotary_ref; q/k may be strided views."""
     load()

@@ -65,9 +65,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
         const at::Tensor out = linear(attn.reshape({n, q_size}), *w(l, kOut), c10::nullopt, few_rows);
         std::tie(hidden, residual) = add_rms_norm(out, residual, *w(l, kPostNorm), eps);
         const at::Tensor gate_up = linear(hidden, *w(l, kGateUp), c10::nullopt, few_rows);
-        const int64_t inter = gate_up.size(1) / 2;
-        const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-        hidden = linear(act, *w(l, kDown), c10::nullopt, few_rows);
+        hidden = linear(silu_and_mul(gate_up), *w(l, kDown), c10::nullopt, few_rows);
     }
     return {hidden, residual};
 }

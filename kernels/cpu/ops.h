@@ -15,6 +15,7 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const c10:
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);  // x = [..., 2d] (gate | up) -> silu(gate) * up
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& cos_sin);
 

@@ -18,21 +18,29 @@
 namespace testbed_cpu {
 namespace {
 
-// A cache row as fp32: itself for fp32 caches, else converted into `buf`.
+// A cache row as fp32: itself for fp32 caches, else widened into `buf`; d % 8 == 0.
 inline const float* as_float(const float* row, float*, int64_t) { return row; }
 template <typename T>
 inline const float* as_float(const T* row, float* buf, int64_t d) {
-    for (int64_t i = 0; i < d; ++i) buf[i] = to_float(row[i]);
+    for (int64_t i = 0; i < d; i += 8) *reinterpret_cast<v8f*>(buf + i) = load8_as_float(row + i);
     return buf;
 }
 
-// scores[g] = q_g . k for every query head g of the group (q pre-scaled, [group, d]); d % 8 == 0.
-inline void dots(const float* q, const float* k, int64_t group, int64_t d, float* scores, int64_t score_stride) {
+// scores[g, j] = q_g . k_j for the query heads g of a group (q pre-scaled, [group, d]) and up to 8 key rows
+// (n of them; d % 8 == 0). The 8 dot products of a head are reduced together (hsum8x8).
+inline void dots8(const float* q, const float* const* k, int64_t n, int64_t group, int64_t d, float* scores,
+                  int64_t score_stride) {
     for (int64_t g = 0; g < group; ++g) {
         const float* qg = q + g * d;
-        v8f acc = load8(qg) * load8(k);
-        for (int64_t i = 8; i < d; i += 8) acc += load8(qg + i) * load8(k + i);
-        scores[g * score_stride] = hsum(acc);
+        v8f acc[8];
+        const v8f q0 = load8(qg);
+        for (int j = 0; j < 8; ++j) acc[j] = q0 * load8(k[j]);
+        for (int64_t i = 8; i < d; i += 8) {
+            const v8f qv = load8(qg + i);
+            for (int j = 0; j < 8; ++j) acc[j] = fma8(qv, load8(k[j] + i), acc[j]);
+        }
+        const v8f s = hsum8x8(acc);
+        for (int64_t j = 0; j < n; ++j) scores[g * score_stride + j] = s[j];
     }
 }
 
@@ -45,6 +53,30 @@ inline void axpys(const float* p, int64_t p_stride, const float* v, int64_t grou
         const float pg = p[g * p_stride];
         for (int64_t i = 0; i < nv; ++i) av[i] += pg * vv[i];
     }
+}
+
+// row[0, len) <- softmax(row[0, len)); the row has room for len rounded up to 8.
+inline void softmax_row(float* row, int64_t len) {
+    const int64_t padded = (len + 7) & ~int64_t(7);
+    for (int64_t t = len; t < padded; ++t) row[t] = -std::numeric_limits<float>::infinity();
+    v8f mx = load8(row);
+    for (int64_t t = 8; t < padded; t += 8) {
+        const v8f r = load8(row + t);
+        mx = r > mx ? r : mx;
+    }
+    float m = mx[0];
+    for (int i = 1; i < 8; ++i) m = std::max(m, mx[i]);
+    const v8f mv = v8f{} + m;
+    v8f sum{};
+    for (int64_t t = 0; t < padded; t += 8) {
+        v8f e = exp8(load8(row + t) - mv);
+        if (t + 8 > len)
+            for (int64_t i = len - t; i < 8; ++i) e[i] = 0.f;
+        *reinterpret_cast<v8f*>(row + t) = e;
+        sum += e;
+    }
+    const v8f inv = v8f{} + 1.f / hsum(sum);
+    for (int64_t t = 0; t < padded; t += 8) *reinterpret_cast<v8f*>(row + t) = load8(row + t) * inv;
 }
 
 // Ask for a whole KV block ahead of use: blocks sit anywhere in the cache, so the hardware prefetcher
@@ -66,7 +98,9 @@ void decode_sequence(int64_t s, T* out, const T* q, const C* k_cache, const C* v
     const int64_t tok_stride = num_kv_heads * head_dim;
     const int64_t blk_stride = block_size * tok_stride;
     const int64_t num_blocks = (len + block_size - 1) / block_size;
-    scores.resize(num_heads * len);
+    const int64_t stride = (len + 7) & ~int64_t(7);  // a score row, padded for softmax_row
+    scores.resize(num_heads * stride + 8);           // + 8: dots8's stores past a row's end land inside
+    row_buf.resize(8 * head_dim);
     for (int64_t h = 0; h < num_heads; ++h) {
         const T* qrow = q + s * q_stride_tok + h * q_stride_head;
         for (int64_t i = 0; i < head_dim; ++i) qf[h * head_dim + i] = to_float(qrow[i]) * scale;
@@ -76,26 +110,19 @@ void decode_sequence(int64_t s, T* out, const T* q, const C* k_cache, const C* v
         const C* kblk = k_cache + int64_t(table[b]) * blk_stride;
         if (b + 1 < num_blocks) prefetch_block(k_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(C));
         const int64_t t0 = b * block_size, n = std::min(block_size, len - t0);
-        for (int64_t j = 0; j < n; ++j) {
-            for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
-                const float* krow = as_float(kblk + j * tok_stride + kh * head_dim, row_buf.data(), head_dim);
-                dots(&qf[kh * group * head_dim], krow, group, head_dim, &scores[kh * group * len + t0 + j], len);
+        for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
+            for (int64_t j0 = 0; j0 < n; j0 += 8) {
+                const int64_t m = std::min<int64_t>(8, n - j0);
+                const float* rows[8];
+                for (int64_t j = 0; j < 8; ++j)  // lanes past the block's last token repeat its first row
+                    rows[j] = as_float(kblk + (j0 + (j < m ? j : 0)) * tok_stride + kh * head_dim,
+                                       row_buf.data() + j * head_dim, head_dim);
+                dots8(&qf[kh * group * head_dim], rows, m, group, head_dim, &scores[kh * group * stride + t0 + j0],
+                      stride);
             }
         }
     }
-    // softmax over t, per query head
-    for (int64_t h = 0; h < num_heads; ++h) {
-        float* row = &scores[h * len];
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, row[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-            row[t] = std::exp(row[t] - mx);
-            sum += row[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) row[t] *= inv;
-    }
+    for (int64_t h = 0; h < num_heads; ++h) softmax_row(&scores[h * stride], len);
     // out[h] = sum_t p[h, t] v_t
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -105,7 +132,8 @@ void decode_sequence(int64_t s, T* out, const T* q, const C* k_cache, const C* v
         for (int64_t j = 0; j < n; ++j) {
             for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
                 const float* vrow = as_float(vblk + j * tok_stride + kh * head_dim, row_buf.data(), head_dim);
-                axpys(&scores[kh * group * len + t0 + j], len, vrow, group, head_dim, &acc[kh * group * head_dim]);
+                axpys(&scores[kh * group * stride + t0 + j], stride, vrow, group, head_dim,
+                      &acc[kh * group * head_dim]);
             }
         }
     }
@@ -133,7 +161,7 @@ void decode_kernel(T* out, const T* q, const C* k_cache, const C* v_cache, const
         load[t] += seq_lens[s] + 1;
     }
     at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores, qf(num_heads * head_dim), acc(num_heads * head_dim), row_buf(head_dim);
+        std::vector<float> scores, qf(num_heads * head_dim), acc(num_heads * head_dim), row_buf;
         for (int64_t task = begin; task < end; ++task) {
             for (int64_t s : tasks[task]) {
                 decode_sequence<T, C>(s, out, q, k_cache, v_cache, tables + s * max_blocks, seq_lens[s], num_heads,

@@ -1,6 +1,7 @@
 // 8-float vectors for the CPU kernels: GCC/Clang vector extension, which becomes AVX2 (+FMA with
 // -ffp-contract=fast) under -march=native on x86 and two 128-bit ops elsewhere. aligned(4): rows start
-// anywhere (cache rows, weight rows), so loads through it are unaligned loads.
+// anywhere (cache rows, weight rows), so loads through it are unaligned loads. Where AVX2 is missing the
+// helpers below fall back to scalar code with the same results up to rounding.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -34,3 +35,67 @@ inline float hsum(v8f v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5
 inline float to_float(float x) { return x; }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// Eight sums at once: lane i of the result is the sum of a[i]'s lanes (a fixed order, so a dot product's
+// result never depends on which other dot products share its call). One shuffle tree for eight vectors
+// instead of eight scalar reductions.
+inline v8f hsum8x8(const v8f* a) {
+#if defined(__AVX__)
+    const __m256 t0 =
+        _mm256_hadd_ps(_mm256_hadd_ps((__m256)a[0], (__m256)a[1]), _mm256_hadd_ps((__m256)a[2], (__m256)a[3]));
+    const __m256 t1 =
+        _mm256_hadd_ps(_mm256_hadd_ps((__m256)a[4], (__m256)a[5]), _mm256_hadd_ps((__m256)a[6], (__m256)a[7]));
+    return (v8f)_mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+#else
+    v8f r;
+    for (int i = 0; i < 8; ++i) r[i] = hsum(a[i]);
+    return r;
+#endif
+}
+
+// e^x per lane: Cephes' expf (range reduction by ln 2 in two parts, degree-5 polynomial, scale by 2^n);
+// within 2 ulp of std::exp for x in [-87, 88], inputs below are clamped (e^-87 ~ 1e-38, softmax's zero).
+inline v8f exp8(v8f x) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 v = _mm256_min_ps(_mm256_max_ps((__m256)x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
+    v = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), v);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(v, v), _mm256_add_ps(v, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return (v8f)_mm256_mul_ps(p, _mm256_castsi256_ps(e));
+#else
+    v8f r;
+    for (int i = 0; i < 8; ++i) r[i] = std::exp(x[i]);
+    return r;
+#endif
+}
+
+// 8 consecutive cache elements as fp32 (bf16: the top half of a float; fp16: F16C's conversion).
+inline v8f load8_as_float(const float* p) { return load8(p); }
+inline v8f load8_as_float(const c10::BFloat16* p) {
+#if defined(__AVX2__)
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+    v8f r;
+    for (int i = 0; i < 8; ++i) r[i] = static_cast<float>(p[i]);
+    return r;
+#endif
+}
+inline v8f load8_as_float(const c10::Half* p) {
+#if defined(__F16C__)
+    return (v8f)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    v8f r;
+    for (int i = 0; i < 8; ++i) r[i] = static_cast<float>(p[i]);
+    return r;
+#endif
+}

@@ -90,6 +90,9 @@ class CpuBackend(KernelBackend):
     def rms_norm(self, x, weight, eps, residual=None):
         return cpu_kernels.rms_norm(x, weight, eps, residual)
 
+    def silu_and_mul(self, x):
+        return cpu_kernels.silu_and_mul(x)
+
     def rotary(self, positions, q, k, cos_sin_cache):
         return cpu_kernels.rotary(positions, q, k, cos_sin_cache)
 

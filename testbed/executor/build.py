@@ -9,6 +9,7 @@ from testbed.config import EngineConfig
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.cuda_graphs import CudaGraphRunner, default_capture_sizes, use_cuda_graphs
 from testbed.executor.host_buffers import InputBuffers
+from testbed.executor.host_memory import keep_freed_memory
 from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache, kv_cache_dtype
 from testbed.executor.model_runner import ModelRunner
 from testbed.executor.null_executor import NullExecutor
@@ -56,6 +57,8 @@ def build_executor(
         buffers = InputBuffers(config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, "cpu", False)
         return ExecutorParts(NullExecutor(tables, buffers, token, config.null_step_time_s), None, None)
 
+    if device.type == "cpu":
+        keep_freed_memory()
     model = build_model(spec, backend, dtype, device, config.seed)
     spec_config = SpeculativeConfig.from_any(config.speculative_config)
     scratch = 0

@@ -186,3 +186,15 @@ def test_layer_ops_match_reference(cpu_kernels, assert_close, dtype):
     positions = torch.randint(0, max_pos, (11,), generator=gen)
     for out, ref in zip(cpu_kernels.rotary(positions, q, k, cos_sin), reference.rotary_ref(positions, q, k, cos_sin)):
         assert_close(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_silu_and_mul_matches_reference(cpu_kernels, assert_close, dtype):
+    """Fresh random rows, a width with a tail past the 8-lane loop, values far enough out to reach exp's clamps."""
+    from kernels import reference
+
+    gen = torch.Generator().manual_seed(11)
+    for shape in [(37, 2 * 1536), (5, 2 * 13), (2, 3, 2 * 64)]:
+        x = (torch.randn(*shape, generator=gen) * 8).to(dtype)
+        x.view(-1)[:4] = torch.tensor([-100.0, 100.0, 0.0, -0.0]).to(dtype)
+        assert_close(cpu_kernels.silu_and_mul(x), reference.silu_and_mul_ref(x))
