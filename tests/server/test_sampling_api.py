@@ -50,9 +50,12 @@ def test_chat_top_logprobs(client):
     streamed = [
         item for ch in stream if ch.choices and ch.choices[0].logprobs for item in ch.choices[0].logprobs.content
     ]
-    assert [(i.token, i.logprob, [t.token for t in i.top_logprobs]) for i in streamed] == [
-        (i.token, i.logprob, [t.token for t in i.top_logprobs]) for i in r.choices[0].logprobs.content
+    # the second request reads its prompt from the prefix cache, so its prefill multiplies other shapes:
+    # the same tokens and rankings, logprobs equal up to float32 rounding
+    assert [(i.token, [t.token for t in i.top_logprobs]) for i in streamed] == [
+        (i.token, [t.token for t in i.top_logprobs]) for i in r.choices[0].logprobs.content
     ]
+    assert [i.logprob for i in streamed] == pytest.approx([i.logprob for i in r.choices[0].logprobs.content], abs=1e-4)
 
 
 def test_completion_logprobs_with_echo(server, client):
