@@ -203,6 +203,15 @@ def ensure_gguf(model: str, build: LlamaCppBuild, outtype: str = "f32") -> Path:
     return out
 
 
+# torch dtype names -> llama.cpp's ggml type names for the KV cache
+CACHE_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+DEFAULT_CACHE_TYPE = "f16"  # llama.cpp's own default for -ctk / -ctv
+
+
+def cache_type_args(cache_type: str | None) -> list[str]:
+    return [] if cache_type is None else ["-ctk", cache_type, "-ctv", cache_type]
+
+
 # ---- the offline fixed shape -------------------------------------------------------------------------------
 def batched_bench(
     build: LlamaCppBuild,
@@ -214,14 +223,16 @@ def batched_bench(
     batch: int = 2048,
     ubatch: int = 512,
     timeout_s: float = 3600,
+    cache_type: str | None = None,
 ) -> list[dict]:
     """llama-batched-bench rows (JSONL), one per parallel-sequence count: t_pp, t_tg, t (seconds), speeds.
-    Each of the `pl` sequences has its own random prompt (not shared): n_kv = pl * (pp + tg)."""
+    Each of the `pl` sequences has its own random prompt (not shared): n_kv = pl * (pp + tg).
+    cache_type: the KV cache's type (f32, f16, bf16; None: llama.cpp's default, f16)."""
     ctx = max(parallel) * (prompt_len + output_len)
     cmd = [str(build.tool("llama-batched-bench")), "-m", str(gguf), "-c", str(ctx), "-b", str(batch)]
     cmd += ["-ub", str(ubatch), "-npp", str(prompt_len), "-ntg", str(output_len)]
     cmd += ["-npl", ",".join(map(str, parallel)), "-t", str(threads), "-tb", str(threads)]
-    cmd += ["--output-format", "jsonl"]
+    cmd += ["--output-format", "jsonl"] + cache_type_args(cache_type)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not rows:
@@ -253,13 +264,14 @@ class LlamaServer:
         batch: int = 2048,
         ubatch: int = 512,
         startup_timeout_s: float = 300,
+        cache_type: str | None = None,
     ):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [str(build.tool("llama-server")), "-m", str(gguf), "--host", "127.0.0.1"]
         self.command += ["--port", str(self.port), "-np", str(parallel), "-c", str(parallel * slot_context)]
         self.command += ["-t", str(threads), "-tb", str(threads), "-b", str(batch), "-ub", str(ubatch)]
-        self.command += ["--no-webui"]
+        self.command += ["--no-webui"] + cache_type_args(cache_type)
         self.startup_timeout_s = startup_timeout_s
         self.proc = None
         self.model_info: dict = {}

@@ -70,6 +70,7 @@ def run_engine(spec, prompts, outputs) -> dict:
             enable_prefix_caching=spec.get("prefix_caching", True),
             kv_cache_memory_gb=spec.get("kv_cache_memory_gb", 2.0),
             enforce_eager=spec.get("enforce_eager", False),
+            kv_cache_dtype=spec.get("kv_cache_dtype") or "auto",
         )
     )
     setup_s = time.perf_counter() - t0
@@ -114,7 +115,8 @@ def run_engine(spec, prompts, outputs) -> dict:
         "cuda_graph_capture_s": graphs.capture_seconds if graphs else 0.0,
         "note": f"max_num_seqs={spec['max_num_seqs']}, max_num_batched_tokens={spec['max_num_batched_tokens']}"
         + ("" if spec.get("prefix_caching", True) else ", no prefix caching")
-        + (", CUDA graphs" if graphs and graphs.use_graphs else ", eager"),
+        + (", CUDA graphs" if graphs and graphs.use_graphs else ", eager")
+        + f", KV cache {str(engine.kv_dtype).removeprefix('torch.')}",
     }
 
 
@@ -136,9 +138,13 @@ def run_llamacpp(spec, prompts, outputs) -> dict:
     build = llamacpp.ensure_build(spec.get("llamacpp_version") or llamacpp.DEFAULT_VERSION)
     gguf = llamacpp.ensure_gguf(spec["model"], build, "f32" if spec["dtype"] == "float32" else "bf16")
     threads = spec.get("threads") or os.cpu_count()
-    info = {**llamacpp.versions(build), "gguf": gguf.name, "llamacpp_threads": threads}
+    cache_type = llamacpp.CACHE_TYPES[spec["kv_cache_dtype"]] if spec.get("kv_cache_dtype") else None
+    kv_note = f", KV cache {cache_type or llamacpp.DEFAULT_CACHE_TYPE}"
+    info = {**llamacpp.versions(build), "gguf": gguf.name, "llamacpp_threads": threads, "kv_cache_type": cache_type}
     if spec.get("fixed_shape"):
-        row = llamacpp.batched_bench(build, gguf, len(prompts[0]), outputs[0], [len(prompts)], threads)[0]
+        row = llamacpp.batched_bench(
+            build, gguf, len(prompts[0]), outputs[0], [len(prompts)], threads, cache_type=cache_type
+        )[0]
         return {
             "elapsed_s": row["t"],
             "output_tokens": sum(outputs),
@@ -146,9 +152,13 @@ def run_llamacpp(spec, prompts, outputs) -> dict:
             "tpot_ms": 1e3 * row["t_tg"] / outputs[0],
             "llamacpp_row": row,
             **info,
-            "note": f"llama-batched-bench -npl {len(prompts)} -t {threads}, flash_attn={row.get('flash_attn')}",
+            "note": f"llama-batched-bench -npl {len(prompts)} -t {threads}, flash_attn={row.get('flash_attn')}"
+            + kv_note,
         }
-    with llamacpp.LlamaServer(build, gguf, spec["max_num_seqs"], spec["max_model_len"], threads) as server:
+    server = llamacpp.LlamaServer(
+        build, gguf, spec["max_num_seqs"], spec["max_model_len"], threads, cache_type=cache_type
+    )
+    with server:
         llamacpp.replay_workload(server, [p[:16] for p in prompts[:2]], [4, 4])  # warm-up
         run = llamacpp.replay_workload(server, prompts, outputs)
     rows = run.requests
@@ -165,7 +175,7 @@ def run_llamacpp(spec, prompts, outputs) -> dict:
         **latency(run.start_time, first, finish, outputs),
         "short_requests": len(short),
         **info,
-        "note": f"llama-server -np {spec['max_num_seqs']} -t {threads}, streamed over HTTP",
+        "note": f"llama-server -np {spec['max_num_seqs']} -t {threads}, streamed over HTTP" + kv_note,
     }
 
 

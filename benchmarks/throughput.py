@@ -178,6 +178,12 @@ def main() -> int:
         help="seconds before a system's process is stopped (default: 2 * time-limit + 300; llama.cpp's first "
         "build comes on top)",
     )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=["float32", "float16", "bfloat16"],
+        help="KV cache dtype for the engine and llama.cpp alike (default: each its own, the engine the model's "
+        "dtype and llama.cpp f16); the row notes name what ran",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
@@ -233,6 +239,7 @@ def main() -> int:
         "fixed_shape": shape,
         "prefix_caching": not shape,  # the side-by-side with llama.cpp runs without it, as issue 18 measured
         "llamacpp_version": a.llamacpp_version,
+        "kv_cache_dtype": a.kv_cache_dtype,
     }
     threads, thread_timings = (a.threads, {}) if a.threads or device == "cuda" else pick_threads()
     if device == "cuda":

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -44,14 +45,60 @@ inline void dots8(const float* q, const float* const* k, int64_t n, int64_t grou
     }
 }
 
-// acc_g += p_g * v for every query head g of the group; d % 8 == 0.
-inline void axpys(const float* p, int64_t p_stride, const float* v, int64_t group, int64_t d, float* acc) {
-    const int64_t nv = d / 8;
-    const v8f* vv = reinterpret_cast<const v8f*>(v);
-    for (int64_t g = 0; g < group; ++g) {
-        v8f* av = reinterpret_cast<v8f*>(acc + g * d);
-        const float pg = p[g * p_stride];
-        for (int64_t i = 0; i < nv; ++i) av[i] += pg * vv[i];
+// acc[g, 8 * NV floats] += sum over the block's n tokens j of p[g, j] * v_j for the G query heads of a KV
+// head: the accumulators stay in registers for the whole block; every element still sums its tokens in order
+// with one fused multiply-add each, so the result does not depend on the blocking.
+template <int G, int NV, typename C>
+inline void weighted_rows(const float* p, int64_t p_stride, const C* v, int64_t tok_stride, int64_t n, float* acc,
+                          int64_t acc_stride) {
+    v8f a[G][NV];
+    for (int g = 0; g < G; ++g)
+        for (int i = 0; i < NV; ++i) a[g][i] = load8(acc + g * acc_stride + 8 * i);
+    for (int64_t j = 0; j < n; ++j) {
+        v8f vr[NV];
+        for (int i = 0; i < NV; ++i) vr[i] = load8_as_float(v + j * tok_stride + 8 * i);
+        for (int g = 0; g < G; ++g) {
+            const v8f pg = v8f{} + p[g * p_stride + j];
+            for (int i = 0; i < NV; ++i) a[g][i] = fma8(pg, vr[i], a[g][i]);
+        }
+    }
+    for (int g = 0; g < G; ++g)
+        for (int i = 0; i < NV; ++i) *reinterpret_cast<v8f*>(acc + g * acc_stride + 8 * i) = a[g][i];
+}
+
+// f(integral_constant<int, v>) for v = value in [1, 4].
+template <typename F>
+inline void with_1_to_4(int64_t value, F&& f) {
+    switch (value) {
+        case 1:
+            return f(std::integral_constant<int, 1>{});
+        case 2:
+            return f(std::integral_constant<int, 2>{});
+        case 3:
+            return f(std::integral_constant<int, 3>{});
+        default:
+            return f(std::integral_constant<int, 4>{});
+    }
+}
+
+// One block's tokens into every query head's accumulator: the query heads of a KV head in sets of up to 4,
+// head_dim in chunks of up to 32 floats (4 * 4 vectors of accumulators at most).
+template <typename C>
+inline void weighted_block(const float* p, int64_t p_stride, const C* vblk, int64_t tok_stride, int64_t n,
+                           int64_t num_kv_heads, int64_t group, int64_t head_dim, float* acc) {
+    for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
+        for (int64_t g0 = 0; g0 < group; g0 += 4) {
+            const int64_t h = kh * group + g0;
+            with_1_to_4(std::min<int64_t>(4, group - g0), [&](auto gs) {
+                for (int64_t c = 0; c < head_dim; c += 32) {
+                    with_1_to_4(std::min<int64_t>(32, head_dim - c) / 8, [&](auto nv) {
+                        weighted_rows<decltype(gs)::value, decltype(nv)::value>(p + h * p_stride, p_stride,
+                                                                                vblk + kh * head_dim + c, tok_stride, n,
+                                                                                acc + h * head_dim + c, head_dim);
+                    });
+                }
+            });
+        }
     }
 }
 
@@ -129,13 +176,7 @@ void decode_sequence(int64_t s, T* out, const T* q, const C* k_cache, const C* v
         const C* vblk = v_cache + int64_t(table[b]) * blk_stride;
         if (b + 1 < num_blocks) prefetch_block(v_cache + int64_t(table[b + 1]) * blk_stride, blk_stride * sizeof(C));
         const int64_t t0 = b * block_size, n = std::min(block_size, len - t0);
-        for (int64_t j = 0; j < n; ++j) {
-            for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
-                const float* vrow = as_float(vblk + j * tok_stride + kh * head_dim, row_buf.data(), head_dim);
-                axpys(&scores[kh * group * stride + t0 + j], stride, vrow, group, head_dim,
-                      &acc[kh * group * head_dim]);
-            }
-        }
+        weighted_block(&scores[t0], stride, vblk, tok_stride, n, num_kv_heads, group, head_dim, acc.data());
     }
     for (int64_t h = 0; h < num_heads; ++h) {
         T* orow = out + s * o_stride_tok + h * o_stride_head;

@@ -50,7 +50,7 @@ def test_http_replay_reads_llama_server_model_card(monkeypatch):
 def test_shape_preset_runs_engine_and_reports_skipped_llamacpp(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks.throughput", "--preset", "cpu-shape", "--model", "tiny"]
     cmd += ["--parallel", "1", "2", "--prompt-len", "24", "--output-len", "5", "--threads", "1"]
-    cmd += ["--out", str(tmp_path), "--name", "shape"]
+    cmd += ["--kv-cache-dtype", "float16", "--out", str(tmp_path), "--name", "shape"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "shape.json").read_text())
@@ -59,7 +59,7 @@ def test_shape_preset_runs_engine_and_reports_skipped_llamacpp(tmp_path):
     for n in (1, 2):
         engine = rows[f"engine-cpu (parallel {n})"]
         assert engine["output_tokens"] == 5 * n and engine["ttft_s"] > 0 and engine["tpot_ms"] > 0
-        assert "no prefix caching" in engine["note"]
+        assert "no prefix caching" in engine["note"] and "KV cache float16" in engine["note"]
         assert rows[f"llamacpp (parallel {n})"]["error"].startswith("skipped: model 'tiny' has no weights")
     table = (tmp_path / "shape.md").read_text()
     assert "| engine-cpu | 2 |" in table and "skipped: model 'tiny'" in table
@@ -73,6 +73,8 @@ def test_real_llamacpp_batched_bench_and_server(tmp_path):
     gguf = llamacpp.ensure_gguf("smollm2-135m", build)
     rows = llamacpp.batched_bench(build, gguf, prompt_len=16, output_len=4, parallel=[1, 2], threads=1)
     assert [r["pl"] for r in rows] == [1, 2] and all(r["t"] > 0 and r["t_pp"] > 0 for r in rows)
+    f32 = llamacpp.batched_bench(build, gguf, 16, 4, [1], threads=1, cache_type=llamacpp.CACHE_TYPES["float32"])
+    assert f32[0]["pl"] == 1 and f32[0]["t"] > 0
     with llamacpp.LlamaServer(build, gguf, parallel=2, slot_context=64, threads=1) as server:
         run = llamacpp.replay_workload(server, [[1, 2, 3, 4], list(range(10, 30))], [3, 5])
     assert run.requests["error"].tolist() == ["", ""]
