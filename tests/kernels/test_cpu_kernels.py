@@ -44,6 +44,20 @@ def test_paged_decode_matches_reference(cpu_kernels, paged_kv, assert_close, dty
     assert_close(out, ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group,head_dim", [(5, 40), (7, 96), (8, 80), (2, 8)])
+def test_paged_decode_group_and_head_dim_tails(cpu_kernels, paged_kv, assert_close, dtype, group, head_dim):
+    """The weighted sum of V works on query heads in sets of up to 4 and head_dim in chunks of up to 32
+    floats: groups and head sizes that leave partial sets and chunks."""
+    ctx_lens = [1, 17, 64, 150]
+    k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, ctx_lens, 16, 2, head_dim, dtype, seed=group)
+    q = torch.randn(len(ctx_lens), 2 * group, head_dim).to(dtype)
+    qsl = torch.arange(len(ctx_lens) + 1, dtype=torch.int32)
+    ref = paged_attention_ref(q, k_cache, v_cache, qsl, seq_lens, tables, head_dim**-0.5)
+    out = torch.full_like(q, float("nan"))
+    assert_close(cpu_kernels.paged_decode(q, k_cache, v_cache, seq_lens, tables, head_dim**-0.5, out=out), ref)
+
+
 def test_paged_decode_strided_query(cpu_kernels, paged_kv, assert_close):
     """q sliced out of a fused qkv projection (row stride > heads * head_dim) is read correctly."""
     k_cache, v_cache, tables, seq_lens = cpu_paged_kv(paged_kv, [40, 9], 16, 3, 64, torch.float32)
