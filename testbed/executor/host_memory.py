@@ -4,7 +4,8 @@ A CPU step allocates and frees activations of a few MB each (a 512-token chunk's
 serves blocks above its mmap threshold (128 KiB at first, rising as frees are seen) with fresh mappings and
 unmaps them on free, and trims the heap's free top back to the system, so each step faults its activations
 in again: 211k minor page faults and ~0.8 s of a 12 s run (benchmarks.throughput's cpu-shape workload at 32
-sequences, 2-core Xeon, results/throughput/README.md). Fixing the threshold at glibc's maximum (32 MiB) and
+sequences, run in-process under a profiler on the 2-core Xeon VM, 2026-12-01; ~1k faults with the settings
+below). Fixing the threshold at glibc's maximum (32 MiB) and
 trimming only above 1 GiB lets freed blocks be reused, as tcmalloc and jemalloc (which CPU inference stacks
 preload) do by default. The cost: a CPU engine process keeps up to ~1 GiB it no longer uses.
 """
