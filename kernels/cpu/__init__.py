@@ -20,14 +20,19 @@ _SOURCES = [
 FEW_ROWS = 32
 
 
-def _cpu_tag() -> str:
+def _build_tag() -> str:
     """The build uses -march=native: a home directory shared by different CPUs (a Slurm cluster) must not
-    hand one CPU's build to another, so the extension's name carries a hash of this CPU's feature flags."""
+    hand one CPU's build to another, so the extension's name carries a hash of this CPU's feature flags, and
+    of the sources, so that checkouts with different kernels (an A/B of a kernel change) each keep their own
+    build instead of rebuilding over each other's."""
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = platform.machine() + platform.processor()
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+    digest = hashlib.sha1(flags.encode())
+    for source in sorted(Path(__file__).parent.glob("*.[ch]*")):
+        digest.update(source.name.encode() + source.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @cache
@@ -43,7 +48,7 @@ def load() -> float:
     from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
-    name = f"testbed_cpu_kernels_{_cpu_tag()}"
+    name = f"testbed_cpu_kernels_{_build_tag()}"
     folder = Path(_get_build_directory(name, verbose=False))
     if not any(folder.glob("*.so")):  # progress for the one-off compile; an up-to-date build says nothing
         print(f"[testbed] kernel=cpu: compiling its C++ kernels into {folder} (once, ~1 min)", file=sys.stderr)

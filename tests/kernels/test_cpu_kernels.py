@@ -212,3 +212,17 @@ def test_silu_and_mul_matches_reference(cpu_kernels, assert_close, dtype):
         x = (torch.randn(*shape, generator=gen) * 8).to(dtype)
         x.view(-1)[:4] = torch.tensor([-100.0, 100.0, 0.0, -0.0]).to(dtype)
         assert_close(cpu_kernels.silu_and_mul(x), reference.silu_and_mul_ref(x))
+
+
+def test_build_name_follows_the_sources(tmp_path, monkeypatch):
+    """Checkouts with different kernel sources get different builds; the same sources, the same build."""
+    import kernels.cpu
+
+    (tmp_path / "a.cpp").write_text("int f() { return 1; }\n")
+    (tmp_path / "ops.h").write_text("int f();\n")
+    monkeypatch.setattr(kernels.cpu, "__file__", str(tmp_path / "__init__.py"))
+    first = kernels.cpu._build_tag()
+    (tmp_path / "ops.h").write_text("int f(); int g();\n")
+    assert kernels.cpu._build_tag() != first
+    (tmp_path / "ops.h").write_text("int f();\n")
+    assert kernels.cpu._build_tag() == first
