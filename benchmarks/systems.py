@@ -155,10 +155,8 @@ def run_llamacpp(spec, prompts, outputs) -> dict:
             "note": f"llama-batched-bench -npl {len(prompts)} -t {threads}, flash_attn={row.get('flash_attn')}"
             + kv_note,
         }
-    server = llamacpp.LlamaServer(
-        build, gguf, spec["max_num_seqs"], spec["max_model_len"], threads, cache_type=cache_type
-    )
-    with server:
+    server_args = (build, gguf, spec["max_num_seqs"], spec["max_model_len"], threads)
+    with llamacpp.LlamaServer(*server_args, cache_type=cache_type) as server:
         llamacpp.replay_workload(server, [p[:16] for p in prompts[:2]], [4, 4])  # warm-up
         run = llamacpp.replay_workload(server, prompts, outputs)
     rows = run.requests

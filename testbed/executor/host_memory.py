@@ -3,11 +3,12 @@
 A CPU step allocates and frees activations of a few MB each (a 512-token chunk's MLP input is 6 MB). glibc
 serves blocks above its mmap threshold (128 KiB at first, rising as frees are seen) with fresh mappings and
 unmaps them on free, and trims the heap's free top back to the system, so each step faults its activations
-in again: 211k minor page faults and ~0.8 s of a 12 s run (benchmarks.throughput's cpu-shape workload at 32
-sequences, run in-process under a profiler on the 2-core Xeon VM, 2026-12-01; ~1k faults with the settings
-below). Fixing the threshold at glibc's maximum (32 MiB) and
-trimming only above 1 GiB lets freed blocks be reused, as tcmalloc and jemalloc (which CPU inference stacks
-preload) do by default. The cost: a CPU engine process keeps up to ~1 GiB it no longer uses.
+in again. Fixing the threshold at glibc's maximum (32 MiB) and trimming only above 1 GiB lets freed blocks be
+reused, as tcmalloc and jemalloc (which CPU inference stacks preload) do by default: on the cpu-shape
+workload at 32 sequences (benchmarks/page_faults.py, results/host_overhead/page_faults.md, 2-core Xeon VM)
+148k-233k minor faults per run fall to 7.8k-9.0k; the run's time did not change beyond that machine's noise
+(16.4-22.4 s kept vs 17.8-20.1 s, 4 runs each). The cost: a CPU engine process keeps up to ~1 GiB it no
+longer uses.
 """
 
 import ctypes

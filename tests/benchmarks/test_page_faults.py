@@ -1,0 +1,20 @@
+"""benchmarks.page_faults: both modes run in their own processes and the results land where it says."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_page_faults_writes_both_modes(tmp_path):
+    cmd = [sys.executable, "-m", "benchmarks.page_faults", "--model", "tiny", "--parallel", "2"]
+    cmd += ["--prompt-len", "24", "--output-len", "3", "--threads", "1", "--repeats", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "page_faults.json").read_text())
+    # interleaved: kept first in round 1, default first in round 2
+    assert [(r["mode"], r["run"]) for r in result["runs"]] == [("kept", 1), ("default", 1), ("default", 2), ("kept", 2)]
+    assert all(r["seconds"] > 0 and r["minor_faults"] >= 0 for r in result["runs"])
+    assert "| default |" in (tmp_path / "page_faults.md").read_text()
