@@ -19,7 +19,6 @@ import dataclasses
 import math
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
 from experiments.recorder import Recorder
 from experiments.replay import MODES, Replay
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.stop_signals import RunInterrupted, StopSignals
 from experiments.traces import RequestSpec, load_trace
 from experiments.wandb_logger import WandbLogger
 
@@ -147,48 +147,6 @@ def _override_columns(cfg, overrides: list[str]) -> dict:
     return cols
 
 
-# Signals that stop a run the way Ctrl-C does (SIGHUP does not exist on Windows).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by a signal; `signum` says which (the exit status is 128 + signum)."""
-
-    def __init__(self, signum: int = signal.SIGINT):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-
-class _StopSignals:
-    """SIGINT, SIGTERM and SIGHUP while a replay runs: the first one raises RunInterrupted where the replay
-    is; from then on (and after `defer()`) they are only recorded in `hits`, so aborting and writing the
-    results finish. The previous handlers come back on exit. Off the main thread (where signals cannot be
-    handled) it does nothing."""
-
-    def __init__(self):
-        self.hits: list[int] = []
-        self.deferring = False
-        self._old: dict = {}
-
-    def _handle(self, signum, _frame):
-        self.hits.append(signum)
-        if not self.deferring:
-            self.deferring = True
-            raise RunInterrupted(signum)
-
-    def defer(self) -> None:
-        self.deferring = True
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._old = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-
 # ---- entry points ---------------------------------------------------------------------------------
 def build_engine(cfg, record_clock: bool = True):
     """The engine of a run. A real run records every reading of its clock (clock.parquet), so that a
@@ -288,7 +246,7 @@ def replay_specs(
         source=source,
     )
     interrupted, error = False, None
-    with _StopSignals() as stops:
+    with StopSignals() as stops:
         try:
             replay.run(specs, mode, replay_cfg.get("concurrency"))
             stops.defer()  # from here on a signal waits until the results are written

@@ -26,12 +26,10 @@ from experiments.replay import MODES
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
 from experiments.runner import (
     SWEEP_COLUMNS,
-    RunInterrupted,
     _hydra_info,
     _override_columns,
     _positive,
     _relative,
-    _StopSignals,
     apply_length_policy,
     config_value,
     executor_summary,
@@ -40,6 +38,7 @@ from experiments.runner import (
     spec_summary,
     trace_vocab_size,
 )
+from experiments.stop_signals import RunInterrupted, StopSignals
 from experiments.traces import RequestSpec, load_trace
 from testbed.cluster.config import ClusterConfig
 
@@ -153,7 +152,7 @@ def replay_cluster(
         source=source,
     )
     interrupted, error = False, None
-    with _StopSignals() as stops:
+    with StopSignals() as stops:
         try:
             replay.run(specs, mode, replay_cfg.get("concurrency"))
             stops.defer()
