@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 _SOURCES = [
-    Path(__file__).with_name(name) for name in ("paged_decode.cpp", "layer_ops.cpp", "linear.cpp", "decode_layers.cpp")
+    Path(__file__).with_name(name)
+    for name in ("paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "linear.cpp", "decode_layers.cpp")
 ]
 # linear(): rows up to this many go to the few-rows kernel (linear.cpp), more to torch's GEMM
 FEW_ROWS = 32
@@ -91,6 +92,33 @@ def paged_decode(
         v_cache,
         block_tables.to(torch.int32).contiguous(),
         seq_lens.to(torch.int32).contiguous(),
+        scale,
+    )
+    return out
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    chunks: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of query chunks over their paged KV (paged_prefill.cpp). chunks: [n, 4] int rows
+    (sequence's row in block_tables, first row of q, number of rows, context length incl. those rows); each
+    chunk's queries are the last tokens of its context, already written to the cache. Rows of q in no chunk
+    are left as they are in `out` (uninitialised when out is None)."""
+    load()
+    out = torch.empty_like(q) if out is None else out
+    torch.ops.testbed_cpu.paged_prefill(
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables.to(torch.int32).contiguous(),
+        chunks.to(torch.int64).contiguous(),
         scale,
     )
     return out

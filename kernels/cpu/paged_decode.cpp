@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "checks.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -211,30 +212,6 @@ void decode_kernel(T* out, const T* q, const C* k_cache, const C* v_cache, const
             }
         }
     });
-}
-
-// Calls f.template operator()<T>() with T the C++ type of a float32 / float16 / bfloat16 dtype.
-template <typename F>
-void dispatch_float(at::ScalarType dtype, const char* what, F&& f) {
-    switch (dtype) {
-        case at::kFloat:
-            f(float{});
-            break;
-        case at::kHalf:
-            f(c10::Half{});
-            break;
-        case at::kBFloat16:
-            f(c10::BFloat16{});
-            break;
-        default:
-            TORCH_CHECK(false, what, ": float32, float16 or bfloat16 only, got ", dtype);
-    }
-}
-
-void check_cache(const at::Tensor& k_cache, const at::Tensor& v_cache, const char* what) {
-    TORCH_CHECK(k_cache.device().is_cpu() && k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
-                    v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type(),
-                what, ": caches must be contiguous [blocks, block_size, kv_heads, head_dim] of one dtype");
 }
 
 // new k/v rows [tokens, kv_heads, head_dim] (head_dim contiguous, any token/head stride) -> their cache slots;

@@ -2,19 +2,18 @@
 
 Decode rows go to a C++ paged-decode kernel that reads K/V straight through the block table (the torch
 reference gathers every sequence's blocks into a padded copy first, which dominated decode time); in a
-pure decode step the KV write and the attention are one call. Prefill chunks run torch's fused
-scaled_dot_product_attention per sequence. Linear layers with few rows (decode steps, the LM head) use a
+pure decode step the KV write and the attention are one call. Prefill chunks (a fresh prompt, or a chunk
+after a cached prefix) go to a C++ flash-attention kernel over the same block table, all of a step's chunks
+in one call (kernels/cpu/paged_prefill.cpp). Linear layers with few rows (decode steps, the LM head) use a
 C++ kernel that streams each weight row once (kernels/cpu/linear.cpp); larger ones torch's GEMM.
-RMSNorm (+residual) and rotary are fused C++ loops (one pass over memory where the reference makes
-several); SiLU-mul stays torch's (its vectorised exp beats a plain C++ loop). The KV cache may be in a
+RMSNorm (+residual), rotary and SiLU-and-mul are fused C++ loops (one pass over memory where the reference
+makes several). The KV cache may be in a
 narrower float dtype than the model (kv_cache_dtype): rows are widened to fp32 as they are read.
 """
 
 import torch
-import torch.nn.functional as F
 
 import kernels.cpu as cpu_kernels
-from kernels import reference
 from testbed.attention.backend import AttentionMetadata, KernelBackend
 
 
@@ -40,11 +39,11 @@ class CpuBackend(KernelBackend):
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
             return cpu_kernels.paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
         out = torch.empty_like(q)
-        rows, decode_lens, decode_tables, prefills = self._split(meta)
-        if rows is not None:  # a mixed step: the decoding sequences still go through the kernel
+        rows, decode_lens, decode_tables, chunks = self._split(meta)
+        if rows is not None:  # a mixed step: the decoding sequences still go through the decode kernel
             out[rows] = cpu_kernels.paged_decode(q[rows], k_cache, v_cache, decode_lens, decode_tables, scale)
-        for i, q_lo, q_hi, ctx_len in prefills:
-            out[q_lo:q_hi] = _prefill_one(q[q_lo:q_hi], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
+        if len(chunks):
+            cpu_kernels.paged_prefill(q, k_cache, v_cache, meta.block_tables, chunks, scale, out=out)
         return out
 
     def _split(self, meta: AttentionMetadata):
@@ -57,7 +56,14 @@ class CpuBackend(KernelBackend):
                 torch.tensor([starts[i] for i in decode], dtype=torch.long) if decode else None,
                 meta.seq_lens[idx],
                 meta.block_tables[idx],
-                [(i, starts[i], starts[i + 1], n) for i, n in enumerate(lens) if starts[i + 1] - starts[i] > 1],
+                torch.tensor(
+                    [
+                        (i, starts[i], starts[i + 1] - starts[i], n)
+                        for i, n in enumerate(lens)
+                        if starts[i + 1] - starts[i] > 1
+                    ],
+                    dtype=torch.int64,
+                ).view(-1, 4),
             )
             self._split_of = meta
         return self._split_cache
@@ -115,20 +121,3 @@ def _layer_weights(layer) -> list:
         mlp.gate_up_proj.weight,
         mlp.down_proj.weight,
     ]
-
-
-def _prefill_one(q, k_cache, v_cache, block_table, ctx_len: int, scale: float) -> torch.Tensor:
-    """Causal attention of one sequence's query chunk (the last q_len tokens of ctx_len) over its cache."""
-    q_len = q.shape[0]
-    # 4-D [1, heads, len, d] inputs: torch's CPU flash kernel (3-D ones fall back to the unfused math path)
-    k = reference.gather_kv_ref(k_cache, block_table, ctx_len).to(q.dtype).transpose(0, 1)[None]
-    v = reference.gather_kv_ref(v_cache, block_table, ctx_len).to(q.dtype).transpose(0, 1)[None]
-    if q_len == ctx_len:
-        mask, causal = None, True
-    else:  # a chunk after a cached prefix: query i sees keys up to its position
-        q_pos = torch.arange(ctx_len - q_len, ctx_len).unsqueeze(1)
-        mask, causal = torch.arange(ctx_len).unsqueeze(0) <= q_pos, False
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
-    )
-    return out[0].transpose(0, 1)
