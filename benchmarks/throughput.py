@@ -5,7 +5,7 @@ uniform in the given ranges, EOS ignored (every request produces exactly its out
 Systems, each in a fresh subprocess (its own memory, caches and threads), one after another:
 
     engine-triton   this engine, kernel=triton (on CUDA: bf16, CUDA-graph decode)
-    engine-cpu      this engine, kernel=cpu (C++ paged decode + torch flash SDPA; the CPU preset's engine)
+    engine-cpu      this engine, kernel=cpu (C++ paged decode and flash prefill; the CPU preset's engine)
     engine-torch    this engine, kernel=torch (the readable reference kernels, eager)
     hf-static       transformers `generate` on left-padded batches of a fixed size (one row per batch size)
     hf-cb           transformers continuous batching (`init_continuous_batching`, the engine behind

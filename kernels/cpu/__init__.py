@@ -1,7 +1,7 @@
 """C++ CPU kernels (`kernel=cpu`), built on first use with torch's extension builder and cached.
 
 The build needs a C++ compiler (g++) and ninja; the result is cached under TORCH_EXTENSIONS_DIR
-(default ~/.cache/torch_extensions), so only the first process pays the compile (~20 s on 2 cores).
+(default ~/.cache/torch_extensions), so only the first process pays the compile (~45 s on the 2-core Xeon VM).
 """
 
 import hashlib
