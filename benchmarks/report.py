@@ -59,6 +59,17 @@ def roofline_line(bound: dict, device_numbers: dict, max_num_seqs: int) -> str:
         f"{device_numbers['flops_per_s'] / 1e12:.2f} TFLOP/s measured ({device_numbers['matmul']})). "
         f"Memory: weights once per forward, >= {bound['min_forwards']} forwards (longest output, or "
         f"outputs / max_num_seqs={max_num_seqs}), plus each decode token's context KV."
+    ) + _measurements_note(device_numbers)
+
+
+def _measurements_note(device_numbers: dict) -> str:
+    n = device_numbers.get("measurements", 1)
+    if n < 2:
+        return ""
+    lo, hi = device_numbers["flops_range"]
+    return (
+        f" Rates: the fastest of {n} measurements, one per round (matmul {lo / 1e12:.2f}-{hi / 1e12:.2f} TFLOP/s), "
+        "so a slow moment of the machine does not loosen the bound."
     )
 
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.roofline import workload_bound
+from benchmarks.roofline import fastest_device, workload_bound
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +28,18 @@ def test_roofline_bound_by_hand():
     pairs = 10 * 11 // 2 + 4 * 5 // 2 + kv_reads
     assert b["flops"] == 2 * 5000 * (12 + 5) + 2 * 1000 * 5 + 4 * 2 * 4 * 16 * pairs
     assert b["bound_s"] == max(b["t_memory_s"], b["t_compute_s"])
+
+
+def test_fastest_device_takes_the_best_rates():
+    runs = [
+        {"bandwidth_Bps": 30e9, "flops_per_s": 2.1e11, "matmul": "m"},
+        {"error": "timed out"},
+        {"bandwidth_Bps": 20e9, "flops_per_s": 2.4e11, "matmul": "m"},
+    ]
+    best = fastest_device(runs)
+    assert (best["bandwidth_Bps"], best["flops_per_s"]) == (30e9, 2.4e11)  # each rate's best, across runs
+    assert best["measurements"] == 2 and best["flops_range"] == [2.1e11, 2.4e11]
+    assert fastest_device([{"error": "x"}]) == {"error": "x"} and fastest_device([]) == {}
 
 
 def test_benchmark_runs_every_system(tmp_path):
@@ -65,3 +77,4 @@ def test_benchmark_runs_every_system(tmp_path):
     assert len({r["output_tokens"] for r in rows.values()}) == 1
     table = (tmp_path / "smoke.md").read_text()
     assert "| engine-cpu |" in table and "Roofline bound" in table
+    assert len(result["device_runs"]) == 1 and result["device_measured"]["measurements"] == 1
