@@ -50,6 +50,35 @@ def throughput_table(rows: list[dict], bound: dict | None) -> str:
     )
 
 
+def paired_rounds(all_runs: dict, bounds: list[dict | None]) -> list[str]:
+    """Each run against its own round: the roofline from the device measured at that round's start
+    (bounds[round - 1]) and the best hf-static batch size's run of the same round. On a shared machine whose
+    speed drifts, these pairs show the spread that a best-of-runs table hides."""
+    static = {
+        label: {r["run"]: r["output_tok_s"] for r in runs if "output_tok_s" in r}
+        for label, runs in all_runs.items()
+        if label.startswith("hf-static")
+    }
+    ref = max(static, key=lambda label: max(static[label].values(), default=0.0), default=None)
+    lines = []
+    for label, runs in all_runs.items():
+        parts = []
+        for r in (r for r in runs if "output_tok_s" in r):
+            bits = []
+            bound = bounds[r["run"] - 1] if r["run"] <= len(bounds) else None
+            if bound:
+                bits.append(f"{100 * r['output_tok_s'] / bound['bound_output_tok_s']:.0f}% of roofline")
+            if ref and label != ref and r["run"] in static[ref]:
+                bits.append(f"{r['output_tok_s'] / static[ref][r['run']]:.2f}x {ref}")
+            if bits:
+                parts.append(f"run {r['run']} " + ", ".join(bits))
+        if len(parts) > 1:
+            lines.append(f"- {label}: " + "; ".join(parts))
+    if not lines:
+        return []
+    return ["Each run against its own round (device measured at the round's start):", "", *lines, ""]
+
+
 def roofline_line(bound: dict, device_numbers: dict, max_num_seqs: int) -> str:
     return (
         f"Roofline bound for this workload: {bound['bound_output_tok_s']:,.0f} output tok/s "

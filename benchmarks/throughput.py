@@ -286,12 +286,12 @@ def main() -> int:
                 cfg["num_requests"], cfg["prompt_range"], cfg["output_range"], cfg["token_range"], a.seed
             )
             device_numbers = fastest_device(device_runs)
+            numbers = model_numbers(hf_config, {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]])
             if "bandwidth_Bps" in device_numbers:
-                dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]]
                 bound = workload_bound(
                     prompts,
                     outputs,
-                    model_numbers(hf_config, dtype_bytes),
+                    numbers,
                     cfg["max_num_seqs"],
                     device_numbers["bandwidth_Bps"],
                     device_numbers["flops_per_s"],
@@ -303,6 +303,13 @@ def main() -> int:
             )
             table = report.throughput_table(rows, bound)
             extra = [report.roofline_line(bound, device_numbers, cfg["max_num_seqs"]), ""] if bound else []
+            round_bounds = [
+                workload_bound(prompts, outputs, numbers, cfg["max_num_seqs"], d["bandwidth_Bps"], d["flops_per_s"])
+                if "bandwidth_Bps" in d
+                else None
+                for d in device_runs
+            ]
+            extra += report.paired_rounds(all_runs, round_bounds)
         lines = [f"# {preset_name}: {cfg['model']} ({cfg['dtype']}) on {env['device']}", "", head, "", table, ""]
         lines += extra + report.environment_lines(env, threads, thread_timings, a.repeats)
         text = "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.report import paired_rounds
 from benchmarks.roofline import fastest_device, workload_bound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,21 @@ def test_fastest_device_takes_the_best_rates():
     assert (best["bandwidth_Bps"], best["flops_per_s"]) == (30e9, 2.4e11)  # each rate's best, across runs
     assert best["measurements"] == 2 and best["flops_range"] == [2.1e11, 2.4e11]
     assert fastest_device([{"error": "x"}]) == {"error": "x"} and fastest_device([]) == {}
+
+
+def test_paired_rounds_sets_each_run_against_its_own_round():
+    all_runs = {
+        "engine-cpu": [{"run": 1, "output_tok_s": 100.0}, {"run": 2, "output_tok_s": 120.0}],
+        "hf-static (batch 32)": [{"run": 1, "output_tok_s": 40.0}, {"run": 2, "output_tok_s": 30.0}],
+        "hf-static (batch 8)": [{"run": 1, "output_tok_s": 20.0}, {"run": 2, "error": "timed out"}],
+    }
+    lines = paired_rounds(all_runs, [{"bound_output_tok_s": 200.0}, {"bound_output_tok_s": 150.0}])
+    engine = next(line for line in lines if line.startswith("- engine-cpu"))
+    # the best hf-static batch size (32) of the same round, and that round's roofline
+    assert "run 1 50% of roofline, 2.50x hf-static (batch 32)" in engine
+    assert "run 2 80% of roofline, 4.00x hf-static (batch 32)" in engine
+    assert not any("batch 8): run 2" in line for line in lines)  # a failed run is left out
+    assert paired_rounds({"engine-cpu": [{"run": 1, "output_tok_s": 1.0}]}, [None]) == []
 
 
 def test_benchmark_runs_every_system(tmp_path):
