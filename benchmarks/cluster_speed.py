@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import FULL_AZURE, environment, load_average, markdown_table, write_json
+from experiments.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +112,8 @@ def main(argv=None) -> None:
           result["steps_per_wall_s"]]],
     )  # fmt: skip
     env = result["environment"]
-    (args.out / "speed.md").write_text(
+    atomic_write_text(
+        args.out / "speed.md",
         f"# Simulated cluster speed (SIMULATED: {args.model} on the {args.device} roofline model)\n\n{table}\n\n"
         f"Workload: {result['requests']} Azure conversation requests ({args.trace_path}), open loop, arrivals "
         f"x{args.time_scale or args.replicas}, {args.replicas} replicas behind {args.router}, max_num_seqs "
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
         f"git {env['git']}.\n\nCommand: `python -m benchmarks.cluster_speed "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
         f"Where the time goes (cProfile, {args.profile_requests} requests, top functions by own time):\n\n"
-        f"```\n{stats.getvalue()[:6000]}\n```\n"
+        f"```\n{stats.getvalue()[:6000]}\n```\n",
     )
     print(table, file=sys.stderr)
 

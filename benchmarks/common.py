@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments.atomic import atomic_write_text
+
 
 def load_average() -> str:
     try:
@@ -82,8 +84,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 
 def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=str))
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))  # a result file is whole or absent
 
 
 # the full Azure conversation trace beside the checkout (or beside its worktree folder); only if present

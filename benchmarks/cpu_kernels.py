@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import environment, load_average, markdown_table, write_json
+from experiments.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64; its four linear layers [out, in]
@@ -192,7 +193,7 @@ def main() -> int:
         a.out / "cpu_kernels.json",
         {"env": env, "config": vars(a) | {"out": str(a.out)}, "prefill": prefill, "linear": linear},
     )
-    (a.out / "cpu_kernels.md").write_text(md)
+    atomic_write_text(a.out / "cpu_kernels.md", md)
     print(md)
     return 0
 

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.atomic import atomic_write_text
+
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu_check"
 
 
@@ -96,8 +98,8 @@ def main(argv=None) -> None:
         return
     rows = [measure(args.model, args.running, args.steps, mode, args.kernel) for mode in (False, True)]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "idle_gap.json").write_text(
-        json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1)
+    atomic_write_text(
+        args.out / "idle_gap.json", json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1)
     )
     for r in rows:
         print(

@@ -26,6 +26,7 @@ from benchmarks.common import (
     markdown_table,
     write_json,
 )
+from experiments.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 
@@ -183,7 +184,7 @@ def main() -> None:
         text += "\n" + comparison(json.loads(a.baseline.read_text()), results, a.baseline, a.baseline_label)
     print("\n" + text)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "host_overhead.md").write_text(text)
+    atomic_write_text(a.out / "host_overhead.md", text)
     write_json(a.out / "host_overhead.json", {"env": env, "results": results})
     print(f"wrote {a.out / 'host_overhead.md'}")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.common import environment, markdown_table, write_json
 from benchmarks.host import make_steady_engine
+from experiments.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 
@@ -93,11 +94,12 @@ def main(argv=None) -> None:
     write_json(
         args.out / "overlap.json", {"rows": raw, "environment": env, "steps": args.steps, "repeats": args.repeats}
     )
-    (args.out / "overlap.md").write_text(
+    atomic_write_text(
+        args.out / "overlap.md",
         "# Async scheduling: step period with the host overlapped (CPU, null executor holding the device)\n\n"
         f"{table}\n\nMedian step period over {args.steps} steps, median of {args.repeats} interleaved repeats. "
         f"Machine: {env['cpu']}, {env['cpu_count']} cores, load {env['load_average']}, torch {env['torch']}, "
-        f"{env['date']}, git {env['git']}. Command: `{env['command']}`.\n"
+        f"{env['date']}, git {env['git']}. Command: `{env['command']}`.\n",
     )
     print(table)
 

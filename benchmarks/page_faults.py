@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.common import environment, load_average, markdown_table, write_json
 from benchmarks.systems import make_workload
+from experiments.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 MODES = ("kept", "default")
@@ -103,7 +104,7 @@ def main() -> int:
         f"- command: `{env['command']}`\n- load average before: {env['load_before']}; after: {env['load_after']}\n"
     )
     write_json(a.out / "page_faults.json", {"env": env, "config": vars(a) | {"out": str(a.out)}, "runs": runs})
-    (a.out / "page_faults.md").write_text(md)
+    atomic_write_text(a.out / "page_faults.md", md)
     print(md)
     return 0
 

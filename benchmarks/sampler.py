@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, load_average, markdown_table, write_json
+from experiments.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "sampler"
@@ -125,7 +126,7 @@ def main(argv=None) -> None:
         f"- load average (1/5/15 min) before: {load_before}; after: {load_average()} (shared machine: noisy)\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sampler.md").write_text(text)
+    atomic_write_text(args.out / "sampler.md", text)
     write_json(args.out / "sampler.json", {"env": env, "batch": n, "vocab": vocab, "times_s": times})
     print(text)
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import FULL_AZURE, environment, markdown_table, write_json
+from experiments.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,14 +102,15 @@ def main(argv=None) -> None:
             ]
         ],
     )
-    (args.out / "sim_speed.md").write_text(
+    atomic_write_text(
+        args.out / "sim_speed.md",
         f"# Simulator speed\n\n{table}\n\nWorkload: {args.requests} Azure conversation requests ({args.trace_path}), "
         f"open loop at trace speed, {args.model} on the {args.device} roofline model, max_num_seqs "
         f"{args.max_num_seqs}, budget {args.budget}. Machine: {result['environment']['cpu']}, "
         f"{result['environment']['cpu_count']} cores, load {result['environment']['load_average']}, "
         f"{result['environment']['date']}, git {result['environment']['git']}.\n\n"
         f"Where the time goes (cProfile, {args.profile_requests} requests, top functions by own time):\n\n"
-        f"```\n{stats.getvalue()[:6000]}\n```\n"
+        f"```\n{stats.getvalue()[:6000]}\n```\n",
     )
     print(table, file=sys.stderr)
 

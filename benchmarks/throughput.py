@@ -44,6 +44,7 @@ from benchmarks import report
 from benchmarks.common import environment, load_average, write_json
 from benchmarks.roofline import fastest_device, model_numbers, workload_bound
 from benchmarks.systems import make_workload
+from experiments.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "throughput"
@@ -315,7 +316,7 @@ def main() -> int:
         text = "\n".join(lines) + "\n"
         name = a.name or f"{preset_name}-{cfg['model']}"
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / f"{name}.md").write_text(text)
+        atomic_write_text(a.out / f"{name}.md", text)
         write_json(
             a.out / f"{name}.json",
             {
