@@ -7,8 +7,8 @@ after a cached prefix) go to a C++ flash-attention kernel over the same block ta
 in one call (kernels/cpu/paged_prefill.cpp). Linear layers with few rows (decode steps, the LM head) use a
 C++ kernel that streams each weight row once (kernels/cpu/linear.cpp); larger ones torch's GEMM.
 RMSNorm (+residual), rotary and SiLU-and-mul are fused C++ loops (one pass over memory where the reference
-makes several). The KV cache may be in a
-narrower float dtype than the model (kv_cache_dtype): rows are widened to fp32 as they are read.
+makes several). The KV cache may be in a narrower float dtype than the model (kv_cache_dtype): rows are
+widened to fp32 as they are read.
 """
 
 import torch
