@@ -267,6 +267,7 @@ def main() -> int:
 
     def write_report(final: bool) -> list:
         rows = report.best_rows(all_runs, list(SYSTEMS))
+        device_numbers = fastest_device(device_runs)
         llama = next((r for r in rows if r["system"].startswith("llamacpp") and "llama_cpp" in r), None)
         if llama:
             env["llama_cpp"] = f"{llama['llama_cpp']} ({llama.get('llama_cpp_version', '')}; {llama['gguf']})"
@@ -286,7 +287,6 @@ def main() -> int:
             prompts, outputs = make_workload(
                 cfg["num_requests"], cfg["prompt_range"], cfg["output_range"], cfg["token_range"], a.seed
             )
-            device_numbers = fastest_device(device_runs)
             numbers = model_numbers(hf_config, {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]])
             if "bandwidth_Bps" in device_numbers:
                 bound = workload_bound(
@@ -322,7 +322,7 @@ def main() -> int:
             {
                 "env": env,
                 "config": cfg,
-                "device_measured": fastest_device(device_runs),
+                "device_measured": device_numbers,
                 "device_runs": device_runs,
                 "roofline": bound,
                 "results": rows,

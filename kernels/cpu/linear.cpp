@@ -7,7 +7,7 @@
 // rows (K floats each) stay in L1 while the x rows stream past. Parallel over weight rows. With AVX-512 the
 // vectors are 16 floats and NR is 6 (24 of the 32 registers hold accumulators); otherwise 8 floats and NR 3.
 // While a tile computes, the next tile's weights are prefetched into L2: without it a layer's time at 8-32
-// rows was its weights' memory time plus its arithmetic, one after the other (A/B in results/host_overhead/).
+// rows was its weights' memory time plus its arithmetic, one after the other (A/B: results/kernels/cpu_kernels.md).
 //
 // Every output element is the same sequence of fused multiply-adds over k followed by the same horizontal
 // sum, whatever M is and wherever the row sits in a tile: results are batch invariant.

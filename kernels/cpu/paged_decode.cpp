@@ -10,7 +10,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <type_traits>
 #include <vector>
 
 #include "checks.h"
@@ -67,21 +66,6 @@ inline void weighted_rows(const float* p, int64_t p_stride, const C* v, int64_t 
         for (int i = 0; i < NV; ++i) *reinterpret_cast<v8f*>(acc + g * acc_stride + 8 * i) = a[g][i];
 }
 
-// f(integral_constant<int, v>) for v = value in [1, 4].
-template <typename F>
-inline void with_1_to_4(int64_t value, F&& f) {
-    switch (value) {
-        case 1:
-            return f(std::integral_constant<int, 1>{});
-        case 2:
-            return f(std::integral_constant<int, 2>{});
-        case 3:
-            return f(std::integral_constant<int, 3>{});
-        default:
-            return f(std::integral_constant<int, 4>{});
-    }
-}
-
 // One block's tokens into every query head's accumulator: the query heads of a KV head in sets of up to 4,
 // head_dim in chunks of up to 32 floats (4 * 4 vectors of accumulators at most).
 template <typename C>
@@ -90,9 +74,9 @@ inline void weighted_block(const float* p, int64_t p_stride, const C* vblk, int6
     for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
         for (int64_t g0 = 0; g0 < group; g0 += 4) {
             const int64_t h = kh * group + g0;
-            with_1_to_4(std::min<int64_t>(4, group - g0), [&](auto gs) {
+            with_count<4>(std::min<int64_t>(4, group - g0), [&](auto gs) {
                 for (int64_t c = 0; c < head_dim; c += 32) {
-                    with_1_to_4(std::min<int64_t>(32, head_dim - c) / 8, [&](auto nv) {
+                    with_count<4>(std::min<int64_t>(32, head_dim - c) / 8, [&](auto nv) {
                         weighted_rows<decltype(gs)::value, decltype(nv)::value>(p + h * p_stride, p_stride,
                                                                                 vblk + kh * head_dim + c, tok_stride, n,
                                                                                 acc + h * head_dim + c, head_dim);

@@ -19,8 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
-#include <type_traits>
 #include <vector>
 
 #include "checks.h"
@@ -42,7 +40,8 @@ typedef int32_t vi __attribute__((vector_size(kLanes * 4), aligned(4)));
 constexpr int kKeyVecs = 4;
 constexpr int kKeys = kKeyVecs * kLanes;  // keys per chunk
 // Query positions per work item: each item copies its keys once per key chunk, so larger tiles copy less
-// (128 beat 64 and 32 at 256-1024-token prompts on the 2-core Xeon) but leave fewer items to share out.
+// but leave fewer items to share out (128 was ahead of 64 and 32 at 256-1024-token prompts in one sweep on
+// the noisy 2-core Xeon VM; not a tuned optimum).
 constexpr int64_t kQueryTile = 128;
 
 inline vf load_v(const float* p) { return *reinterpret_cast<const vf*>(p); }
@@ -63,34 +62,7 @@ inline float hsum_v(vf v) {
     return s;
 }
 
-// e^x per lane, as vec.h's exp8 (Cephes' expf) in any vector width; x below -87 gives e^-87 (callers zero
-// masked lanes themselves).
-inline vf exp_v(vf x) {
-    x = x < -87.0f ? splat(-87.0f) : x;
-    x = x > 88.3f ? splat(88.3f) : x;
-    const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to the nearest integer
-    const vf n = (x * 1.44269504088896341f + magic) - magic;
-    vf v = x - n * 0.693359375f;
-    v = v - n * -2.12194440e-4f;
-    vf p = splat(1.9875691500e-4f);
-    p = p * v + 1.3981999507e-3f;
-    p = p * v + 8.3334519073e-3f;
-    p = p * v + 4.1665795894e-2f;
-    p = p * v + 1.6666665459e-1f;
-    p = p * v + 5.0000001201e-1f;
-    p = p * (v * v) + (v + 1.0f);
-    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    return p * (vf)e;
-}
-
-// f(integral_constant<int, v>) for v in [1, N]
-template <int N, typename F>
-inline void with_count(int64_t value, F&& f) {
-    if constexpr (N > 1) {
-        if (value < N) return with_count<N - 1>(value, f);
-    }
-    f(std::integral_constant<int, N>{});
-}
+inline vf exp_v(vf x) { return exp_lanes<vf, vi>(x); }
 
 struct Chunk {
     int64_t seq, q_lo, q_len, ctx_len;

@@ -8,6 +8,7 @@
 #include <c10/util/Half.h>
 
 #include <cmath>
+#include <cstdint>
 #if defined(__AVX__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -53,30 +54,31 @@ inline v8f hsum8x8(const v8f* a) {
 #endif
 }
 
-// e^x per lane: Cephes' expf (range reduction by ln 2 in two parts, degree-5 polynomial, scale by 2^n);
-// within 2 ulp of std::exp for x in [-87, 88], inputs below are clamped (e^-87 ~ 1e-38, softmax's zero).
-inline v8f exp8(v8f x) {
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 v = _mm256_min_ps(_mm256_max_ps((__m256)x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.3f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
-    v = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), v);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(v, v), _mm256_add_ps(v, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return (v8f)_mm256_mul_ps(p, _mm256_castsi256_ps(e));
-#else
-    v8f r;
-    for (int i = 0; i < 8; ++i) r[i] = std::exp(x[i]);
-    return r;
-#endif
+// e^x per lane of any GCC float vector V (VI: the int32 vector of its width): Cephes' expf (range reduction
+// by ln 2 in two parts, degree-5 polynomial, scale by 2^n); within 2 ulp of std::exp for x in [-87, 88],
+// inputs below are clamped (e^-87 ~ 1e-38, softmax's zero). Written with vector arithmetic, which
+// -ffp-contract=fast turns into fused multiply-adds, so every width shares one polynomial.
+template <typename V, typename VI>
+inline V exp_lanes(V x) {
+    x = x < -87.0f ? V{} - 87.0f : x;
+    x = x > 88.3f ? V{} + 88.3f : x;
+    const V magic = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+    const V n = (x * 1.44269504088896341f + magic) - magic;
+    V v = x - n * 0.693359375f;
+    v = v - n * -2.12194440e-4f;
+    V p = V{} + 1.9875691500e-4f;
+    p = p * v + 1.3981999507e-3f;
+    p = p * v + 8.3334519073e-3f;
+    p = p * v + 4.1665795894e-2f;
+    p = p * v + 1.6666665459e-1f;
+    p = p * v + 5.0000001201e-1f;
+    p = p * (v * v) + (v + 1.0f);
+    const VI e = (__builtin_convertvector(n, VI) + 127) << 23;
+    return p * (V)e;
 }
+
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+inline v8f exp8(v8f x) { return exp_lanes<v8f, v8i>(x); }
 
 // 8 consecutive cache elements as fp32 (bf16: the top half of a float; fp16: F16C's conversion).
 inline v8f load8_as_float(const float* p) { return load8(p); }
