@@ -1,6 +1,7 @@
 """Kernel tests: on machines without CUDA the Triton kernels run on the CPU interpreter."""
 
 import os
+import shutil
 
 import torch
 
@@ -65,3 +66,14 @@ def paged_kv():
         return [t.to(DEVICE) for t in (k_cache, v_cache, tables, seq_lens)]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def cpu_kernels():
+    """kernels.cpu, built (or loaded from its cache); tests that take it skip where no C++ compiler is."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("kernel=cpu builds its kernels with a C++ compiler")
+    import kernels.cpu
+
+    kernels.cpu.load()
+    return kernels.cpu

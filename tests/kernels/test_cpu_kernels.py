@@ -1,25 +1,10 @@
 """kernel=cpu: the C++ paged-decode kernel and the CPU backend vs the torch references, on fresh random inputs."""
 
-import shutil
-
 import pytest
 import torch
 
 from kernels.reference import paged_attention_ref
 from testbed.attention.backend import AttentionMetadata, KernelBackend
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("c++") is None and shutil.which("g++") is None,
-    reason="kernel=cpu builds its kernels with a C++ compiler",
-)
-
-
-@pytest.fixture(scope="module")
-def cpu_kernels():
-    import kernels.cpu
-
-    kernels.cpu.load()
-    return kernels.cpu
 
 
 def cpu_paged_kv(paged_kv, *args, **kw):

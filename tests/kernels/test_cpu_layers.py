@@ -1,27 +1,11 @@
 """kernel=cpu's few-rows linear kernel and its one-call decode layers, against torch and the Python layers."""
 
-import shutil
-
 import pytest
 import torch
 
 from testbed.attention.backend import AttentionMetadata
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("c++") is None and shutil.which("g++") is None,
-        reason="kernel=cpu builds its kernels with a C++ compiler",
-    ),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
-
-
-@pytest.fixture(scope="module")
-def cpu_kernels():
-    import kernels.cpu
-
-    kernels.cpu.load()
-    return kernels.cpu
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 32])
