@@ -1,11 +1,12 @@
-"""A/B of two kernel=cpu kernels against what they replaced, on SmolLM2-135M's shapes, fp32, same run.
+"""A/B of two kernel=cpu kernels against the alternatives, on SmolLM2-135M's shapes, fp32, same run.
 
 prefill attention: kernels/cpu/paged_prefill.cpp (one call over the paged cache) vs the path it replaced
     (gather the sequence's K/V from its blocks, then torch's scaled_dot_product_attention, causal, or with an
     explicit mask for a chunk after a cached prefix). Both in this process, alternating, best of the repeats.
-linear prefetch: linear_rows with the next weight tile prefetched into L2 vs without
-    (TESTBED_CPU_LINEAR_PREFETCH=0), over 30 layers of distinct weights (424 MB: memory-bound, as a decode
-    step is), each mode in a fresh process per round, modes interleaved (order reversed every other round).
+linear layers with few rows: linear.cpp's kernel on packed weights (next panel prefetched into L2) vs the
+    same without the prefetch (TESTBED_CPU_LINEAR_PREFETCH=0) vs torch's GEMM on the plain weights, over 30
+    layers of distinct weights (424 MB: memory-bound, as a decode step is), each mode in a fresh process per
+    round, modes interleaved (order reversed every other round).
 
     python -m benchmarks.cpu_kernels                       # -> results/kernels/cpu_kernels.{md,json}
     python -m benchmarks.cpu_kernels --rounds 4 --threads 1
@@ -26,7 +27,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64; its four linear layers [out, in]
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 LINEARS = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-MODES = ("prefetch", "no-prefetch")
+MODES = ("packed", "packed-no-prefetch", "torch")
 
 
 def best_seconds(fn, calls: int, repeats: int) -> float:
@@ -93,31 +94,36 @@ def prefill_shape(q_len: int, ctx_len: int, repeats: int) -> dict:
     }
 
 
-def linear_child(rows_list: list[int], layers: int, repeats: int) -> dict:
-    """This process's mode (from the environment): seconds per pass over `layers` layers at each row count."""
+def linear_child(mode: str, rows_list: list[int], layers: int, repeats: int) -> dict:
+    """Seconds per pass over `layers` layers at each row count, in `mode` (the prefetch switch is read from
+    the environment when the extension loads)."""
     import torch
 
     import kernels.cpu as cpu_kernels
 
     cpu_kernels.load()
-    weights = [w for _ in range(layers) for w in (torch.randn(n, k) for n, k in LINEARS)]
-    return {str(m): best_seconds(lambda m=m: linear_pass(weights, m), 1, repeats) for m in rows_list}
+    weights = [torch.randn(n, k) for _ in range(layers) for n, k in LINEARS]
+    packed = [cpu_kernels.pack_linear(w) if mode != "torch" else None for w in weights]
+    return {str(m): best_seconds(lambda m=m: linear_pass(weights, packed, m), 1, repeats) for m in rows_list}
 
 
-def linear_pass(weights, rows: int) -> None:
+def linear_pass(weights, packed, rows: int) -> None:
     import torch
 
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights[: len(LINEARS)]}
-    for w in weights:
-        torch.ops.testbed_cpu.linear_rows(xs[w.shape[1]], w, None)
+    for w, p in zip(weights, packed):
+        if p is None:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+        else:
+            torch.ops.testbed_cpu.linear_packed(xs[w.shape[1]], p, w.shape[0], None)
 
 
-def linear_prefetch(rows_list: list[int], layers: int, rounds: int, threads: int) -> list[dict]:
+def linear_modes(rows_list: list[int], layers: int, rounds: int, threads: int) -> list[dict]:
     runs = []
     for r in range(rounds):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
-            env = dict(os.environ, TESTBED_CPU_LINEAR_PREFETCH="0" if mode == "no-prefetch" else "1")
-            cmd = [sys.executable, "-m", "benchmarks.cpu_kernels", "--linear-child", "--threads", str(threads)]
+            env = dict(os.environ, TESTBED_CPU_LINEAR_PREFETCH="0" if mode == "packed-no-prefetch" else "1")
+            cmd = [sys.executable, "-m", "benchmarks.cpu_kernels", "--linear-child", mode, "--threads", str(threads)]
             cmd += ["--layers", str(layers), "--rows", *map(str, rows_list)]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
@@ -133,16 +139,16 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="prefill: alternations per shape")
     p.add_argument("--rounds", type=int, default=3, help="linear: processes per mode")
     p.add_argument("--layers", type=int, default=30)
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128, 256])
     p.add_argument("--prefill", type=str, nargs="+", default=["64/64", "256/256", "512/512", "1024/1024", "256/512"])
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--linear-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--linear-child", choices=MODES, help=argparse.SUPPRESS)
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
     if a.linear_child:
-        print(json.dumps(linear_child(a.rows, a.layers, 5)))
+        print(json.dumps(linear_child(a.linear_child, a.rows, a.layers, 5)))
         return 0
     env = {**environment(), "load_before": load_average(), "threads": a.threads}
     shapes = [tuple(int(v) for v in s.split("/")) for s in a.prefill]
@@ -150,7 +156,7 @@ def main() -> int:
 
     cpu_kernels.load()
     prefill = [prefill_shape(q_len, ctx_len, a.repeats) for q_len, ctx_len in shapes]
-    linear = linear_prefetch(a.rows, a.layers, a.rounds, a.threads)
+    linear = linear_modes(a.rows, a.layers, a.rounds, a.threads)
     env["load_after"] = load_average()
 
     prefill_rows = [
@@ -162,8 +168,8 @@ def main() -> int:
         m: {k: min(run["seconds"][k] for run in linear if run["mode"] == m) for k in map(str, a.rows)} for m in MODES
     }
     linear_rows = [
-        [m, f"{best['prefetch'][m] * 1e3:.1f}", f"{best['no-prefetch'][m] * 1e3:.1f}"]
-        + [f"{best['no-prefetch'][m] / best['prefetch'][m]:.2f}x"]
+        [m, *(f"{best[mode][m] * 1e3:.1f}" for mode in MODES)]
+        + [f"{best['torch'][m] / best['packed'][m]:.2f}x", f"{best['packed-no-prefetch'][m] / best['packed'][m]:.2f}x"]
         + [" / ".join(f"{run['seconds'][m] * 1e3:.1f}" for run in linear if run["mode"] == mode) for mode in MODES]
         for m in map(str, a.rows)
     ]
@@ -179,12 +185,14 @@ def main() -> int:
             ["q_len / ctx_len", "flash ms", "gather+SDPA ms", "speed-up", "GFLOP/s (flash / old)", "max |diff|"],
             prefill_rows,
         )
-        + "\n\n## Linear layers with few rows: next weight tile prefetched into L2 vs not\n\n"
+        + "\n\n## Linear layers with few rows: linear.cpp on packed weights vs without its prefetch vs torch\n\n"
         f"{a.layers} layers of distinct weights ({sum(n * k for n, k in LINEARS) * 4 * a.layers / 1e6:.0f} MB, "
         f"more than the caches), one pass = every layer's four linears; best of 5 passes per process, "
         f"{a.rounds} processes per mode, interleaved.\n\n"
         + markdown_table(
-            ["rows", "prefetch ms", "no prefetch ms", "speed-up", "prefetch runs", "no-prefetch runs"], linear_rows
+            ["rows", "packed ms", "packed, no prefetch ms", "torch GEMM ms", "vs torch", "vs no prefetch"]
+            + [f"{mode} runs" for mode in MODES],
+            linear_rows,
         )
         + f"\n\n- date {env['date']}; git {env['git']}; torch {env['torch']}\n"
         f"- command: `{env['command']}`\n- load average before: {env['load_before']}; after: {env['load_after']}\n"

@@ -17,8 +17,9 @@ _SOURCES = [
     Path(__file__).with_name(name)
     for name in ("paged_decode.cpp", "paged_prefill.cpp", "layer_ops.cpp", "linear.cpp", "decode_layers.cpp")
 ]
-# linear(): rows up to this many go to the few-rows kernel (linear.cpp), more to torch's GEMM
-FEW_ROWS = 32
+# linear(): rows up to this many go to the packed-weight kernel (linear.cpp), more to torch's GEMM; the
+# kernel was ahead of torch's GEMM from 8 to 128 rows on SmolLM2's layers (results/kernels/cpu_kernels.md)
+FEW_ROWS = 128
 
 
 def _build_tag() -> str:
@@ -166,19 +167,28 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_ca
     return torch.ops.testbed_cpu.rotary(positions.to(torch.int64).contiguous(), q, k, cos_sin_cache)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias): float32 inputs of up to FEW_ROWS rows go to linear.cpp's few-rows kernel
-    (weights streamed once, batch invariant), anything else to torch's GEMM."""
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > FEW_ROWS:
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 [N, K] weight in linear.cpp's panel layout, for linear(..., packed=): a copy, made once."""
+    load()
+    return torch.ops.testbed_cpu.pack_linear(weight.contiguous())
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight.T (+ bias): float32 inputs of up to FEW_ROWS rows go to linear.cpp's few-rows kernel on
+    `packed` (pack_linear(weight); weights streamed once, batch invariant), anything else, and everything
+    when `packed` is None, to torch's GEMM on `weight`."""
+    if packed is None or x.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > FEW_ROWS:
         return torch.nn.functional.linear(x, weight, bias)
     load()
-    return torch.ops.testbed_cpu.linear_rows(x.contiguous(), weight, bias)
+    return torch.ops.testbed_cpu.linear_packed(x.contiguous(), packed, weight.shape[0], bias)
 
 
 def decode_layers(hidden, positions, meta_tensors, cos_sin, weights, kv_caches, shape, few_rows: int):
     """A pure decode step's decoder layers in one C++ call (decode_layers.cpp); see CpuBackend.decode_layers.
     meta_tensors: (slot_mapping, block_tables, seq_lens); shape: (num_heads, num_kv_heads, head_dim, eps, scale);
-    weights: 9 entries per layer (decode_layers.cpp's Weight order); kv_caches: k, v per layer.
+    weights: 13 entries per layer (decode_layers.cpp's Weight order); kv_caches: k, v per layer.
     Returns (hidden, residual) after the last layer."""
     load()
     slots, tables, seq_lens = meta_tensors

@@ -10,12 +10,30 @@
 namespace testbed_cpu {
 namespace {
 
-// Per-layer entries of `weights`, in this order (absent ones are None).
-enum Weight { kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kOut, kPostNorm, kGateUp, kDown, kPerLayer };
+// Per-layer entries of `weights`, in this order (absent ones are None). The *Packed entries are the linear
+// weights in linear.cpp's panel layout (pack_linear), None when the backend keeps no packed copies.
+enum Weight {
+    kInputNorm,
+    kQkv,
+    kQkvBias,
+    kQNorm,
+    kKNorm,
+    kOut,
+    kPostNorm,
+    kGateUp,
+    kDown,
+    kQkvPacked,
+    kOutPacked,
+    kGateUpPacked,
+    kDownPacked,
+    kPerLayer
+};
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b, int64_t few_rows) {
-    // as kernels.cpu.linear: few rows to the streaming kernel, more to torch's GEMM
-    if (x.size(0) <= few_rows) return linear_rows(x.contiguous(), w, b);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& packed,
+                  const c10::optional<at::Tensor>& b, int64_t few_rows) {
+    // as kernels.cpu.linear: few rows to the packed-weight kernel, more (or no packed copy) to torch's GEMM
+    if (packed.has_value() && packed->defined() && x.size(0) <= few_rows)
+        return linear_packed(x.contiguous(), *packed, w.size(0), b);
     return at::linear(x, w, b);
 }
 
@@ -51,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
             hidden = rms_norm(hidden.contiguous(), *w(l, kInputNorm), eps);
             have_residual = true;
         }
-        const at::Tensor qkv = linear(hidden, *w(l, kQkv), w(l, kQkvBias), few_rows);
+        const at::Tensor qkv = linear(hidden, *w(l, kQkv), w(l, kQkvPacked), w(l, kQkvBias), few_rows);
         at::Tensor q = qkv.narrow(1, 0, q_size).reshape({n, num_heads, head_dim});
         at::Tensor k = qkv.narrow(1, q_size, kv_size).reshape({n, num_kv_heads, head_dim});
         const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).reshape({n, num_kv_heads, head_dim});
@@ -62,10 +80,10 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
         std::tie(q, k) = rotary(positions, q, k, cos_sin);
         at::Tensor k_cache = kv_caches[2 * l], v_cache = kv_caches[2 * l + 1];
         const at::Tensor attn = decode_attention(q, k, v, k_cache, v_cache, slots, tables, seq_lens, scale);
-        const at::Tensor out = linear(attn.reshape({n, q_size}), *w(l, kOut), c10::nullopt, few_rows);
+        const at::Tensor out = linear(attn.reshape({n, q_size}), *w(l, kOut), w(l, kOutPacked), c10::nullopt, few_rows);
         std::tie(hidden, residual) = add_rms_norm(out, residual, *w(l, kPostNorm), eps);
-        const at::Tensor gate_up = linear(hidden, *w(l, kGateUp), c10::nullopt, few_rows);
-        hidden = linear(silu_and_mul(gate_up), *w(l, kDown), c10::nullopt, few_rows);
+        const at::Tensor gate_up = linear(hidden, *w(l, kGateUp), w(l, kGateUpPacked), c10::nullopt, few_rows);
+        hidden = linear(silu_and_mul(gate_up), *w(l, kDown), w(l, kDownPacked), c10::nullopt, few_rows);
     }
     return {hidden, residual};
 }

@@ -8,8 +8,10 @@
 
 namespace testbed_cpu {
 
-// y = x w^T (+ bias), few rows (linear.cpp)
-at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
+// y = x w^T (+ bias), few rows, w packed by pack_linear (linear.cpp)
+at::Tensor pack_linear(const at::Tensor& weight);
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                         const c10::optional<at::Tensor>& bias);
 
 // layer_ops.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

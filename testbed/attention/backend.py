@@ -74,6 +74,10 @@ class KernelBackend:
     def linear(self, x, weight, bias=None):
         return torch.nn.functional.linear(x, weight, bias)
 
+    def process_weights_after_loading(self, model) -> None:
+        """Called once after the model's weights land on their device and dtype (vLLM's hook of the same
+        name): a backend may derive what its kernels read from them here, not inside the first step."""
+
     def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
         """A backend may run a step's decoder layers in one call, returning (hidden, residual) after the last
         one, bit-identical to running the layers; None (here) means: run them one by one."""

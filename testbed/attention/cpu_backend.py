@@ -5,11 +5,16 @@ reference gathers every sequence's blocks into a padded copy first, which domina
 pure decode step the KV write and the attention are one call. Prefill chunks (a fresh prompt, or a chunk
 after a cached prefix) go to a C++ flash-attention kernel over the same block table, all of a step's chunks
 in one call (kernels/cpu/paged_prefill.cpp). Linear layers with few rows (decode steps, the LM head) use a
-C++ kernel that streams each weight row once (kernels/cpu/linear.cpp); larger ones torch's GEMM.
+C++ kernel over a packed copy of the weights, made when the weights are loaded, that streams them once
+(kernels/cpu/linear.cpp); larger ones torch's GEMM. The packed copies double the float32 weights' memory;
+TESTBED_CPU_PACKED_WEIGHTS=0 in the environment keeps none (then every linear layer is torch's GEMM).
 RMSNorm (+residual), rotary and SiLU-and-mul are fused C++ loops (one pass over memory where the reference
 makes several). The KV cache may be in a narrower float dtype than the model (kv_cache_dtype): rows are
 widened to fp32 as they are read.
 """
+
+import os
+import weakref
 
 import torch
 
@@ -25,6 +30,8 @@ class CpuBackend(KernelBackend):
         self.build_seconds = cpu_kernels.load()
         self._split_of, self._split_cache = None, None
         self._layer_weights = {}  # (first layer's id, number of layers) -> decode_layers' weight list
+        self.packed_weights = os.environ.get("TESTBED_CPU_PACKED_WEIGHTS", "1") != "0"
+        self._packed = {}  # id(weight) -> (weak reference to the weight, its packed copy)
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
@@ -69,7 +76,28 @@ class CpuBackend(KernelBackend):
         return self._split_cache
 
     def linear(self, x, weight, bias=None):
-        return cpu_kernels.linear(x, weight, bias)
+        few = x.dim() == 2 and x.shape[0] <= cpu_kernels.FEW_ROWS
+        return cpu_kernels.linear(x, weight, bias, self.packed(weight) if few else None)
+
+    def process_weights_after_loading(self, model) -> None:
+        """Pack every float32 linear weight now, so that no step pays for it."""
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                self.packed(module.weight)
+
+    def packed(self, weight):
+        """weight in linear.cpp's panel layout (float32 only, else None), packed once and kept while the
+        weight lives; the weights are taken as fixed once the model runs."""
+        if not self.packed_weights or weight.dtype != torch.float32:
+            return None
+        entry = self._packed.get(id(weight))
+        if entry is None or entry[0]() is not weight:
+            with torch.no_grad():
+                copy = cpu_kernels.pack_linear(weight)
+            key = id(weight)
+            entry = (weakref.ref(weight, lambda _, key=key: self._packed.pop(key, None)), copy)
+            self._packed[key] = entry
+        return entry[1]
 
     def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
         """Pure decode steps: every layer in one C++ call, the same kernels in the same order as the layers'
@@ -79,7 +107,7 @@ class CpuBackend(KernelBackend):
         attn = layers[0].self_attn
         key = (id(layers[0]), len(layers))
         if key not in self._layer_weights:
-            self._layer_weights[key] = [w for layer in layers for w in _layer_weights(layer)]
+            self._layer_weights[key] = [w for layer in layers for w in self._decode_weights(layer)]
         few_rows = cpu_kernels.FEW_ROWS if hidden.dtype == torch.float32 else -1  # as linear(): fp32 only
         eps = layers[0].input_layernorm.eps
         return cpu_kernels.decode_layers(
@@ -102,9 +130,16 @@ class CpuBackend(KernelBackend):
     def rotary(self, positions, q, k, cos_sin_cache):
         return cpu_kernels.rotary(positions, q, k, cos_sin_cache)
 
+    def _decode_weights(self, layer) -> list:
+        """_layer_weights, then the packed copies of its four linear weights (None if not packed)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return _layer_weights(layer) + [self.packed(linear.weight) for linear in linears]
+
 
 def _layer_weights(layer) -> list:
-    """One decoder layer's tensors in decode_layers.cpp's order (None where the architecture has none)."""
+    """One decoder layer's tensors in decode_layers.cpp's order (None where the architecture has none),
+    up to its packed weights."""
     attn, mlp = layer.self_attn, layer.mlp
     norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
     eps = {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}

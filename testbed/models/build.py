@@ -60,4 +60,5 @@ def build_model(spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, 
         load_hf_weights(model, spec.weights_folder)
     model = model.to(dtype=dtype).eval()
     model.build_rope_cache()
+    ops.process_weights_after_loading(model)
     return model

@@ -26,6 +26,13 @@ def test_cpu_kernels_bench_writes_both_ab(tmp_path):
     assert [(r["q_len"], r["ctx_len"]) for r in result["prefill"]] == [(40, 40), (16, 70)]
     assert all(r["max_abs_diff"] < 1e-4 and r["flash_ms"] > 0 for r in result["prefill"])
     modes = [(r["mode"], r["round"]) for r in result["linear"]]
-    assert modes == [("prefetch", 1), ("no-prefetch", 1), ("no-prefetch", 2), ("prefetch", 2)]
+    assert modes == [
+        ("packed", 1),
+        ("packed-no-prefetch", 1),
+        ("torch", 1),
+        ("torch", 2),
+        ("packed-no-prefetch", 2),
+        ("packed", 2),
+    ]
     assert all(set(r["seconds"]) == {"1", "4"} for r in result["linear"])
     assert "| 16 / 70 |" in (tmp_path / "cpu_kernels.md").read_text()

@@ -1,4 +1,4 @@
-"""kernel=cpu's few-rows linear kernel and its one-call decode layers, against torch and the Python layers."""
+"""kernel=cpu's packed-weight linear kernel and its one-call decode layers, against torch and the Python layers."""
 
 import pytest
 import torch
@@ -8,45 +8,82 @@ from testbed.attention.backend import AttentionMetadata
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 32])
-@pytest.mark.parametrize("out_features,in_features", [(960, 576), (577, 573), (5, 16), (4, 7)])
-def test_linear_rows_matches_torch(cpu_kernels, rows, out_features, in_features):
-    """Every tile shape (4 x 3 and the 1..3-row / 1-column remainders) and a K that is not a multiple of 8."""
+@pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 25, 128])
+@pytest.mark.parametrize("out_features,in_features", [(960, 576), (577, 573), (5, 16), (33, 7)])
+def test_linear_packed_matches_torch(cpu_kernels, rows, out_features, in_features):
+    """Every row-tile count (full tiles and remainders) and output columns that fill no whole panel."""
     gen = torch.Generator().manual_seed(rows * 1000 + out_features)
     x = torch.randn(rows, in_features, generator=gen)
     w = torch.randn(out_features, in_features, generator=gen)
     b = torch.randn(out_features, generator=gen)
-    out = torch.ops.testbed_cpu.linear_rows(x, w, b)
+    packed = cpu_kernels.pack_linear(w)
+    out = torch.ops.testbed_cpu.linear_packed(x, packed, out_features, b)
     ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
     assert out.dtype == torch.float32 and out.shape == (rows, out_features)
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
-    assert torch.equal(out, torch.ops.testbed_cpu.linear_rows(x, w, None) + b)
+    assert torch.equal(out, torch.ops.testbed_cpu.linear_packed(x, packed, out_features, None) + b)
 
 
-def test_linear_rows_is_batch_invariant(cpu_kernels):
+def test_linear_packed_is_batch_invariant(cpu_kernels):
     """A row's result does not depend on the other rows of its batch, nor on where in a tile it sits."""
     gen = torch.Generator().manual_seed(3)
-    x, w = torch.randn(13, 573, generator=gen), torch.randn(577, 573, generator=gen)
-    full = torch.ops.testbed_cpu.linear_rows(x, w, None)
-    for i in range(13):
-        assert torch.equal(torch.ops.testbed_cpu.linear_rows(x[i : i + 1], w, None)[0], full[i]), i
-    assert torch.equal(torch.ops.testbed_cpu.linear_rows(x[5:11], w, None), full[5:11])
+    x, w = torch.randn(29, 573, generator=gen), torch.randn(577, 573, generator=gen)
+    packed = cpu_kernels.pack_linear(w)
+    full = torch.ops.testbed_cpu.linear_packed(x, packed, 577, None)
+    for i in range(29):
+        assert torch.equal(torch.ops.testbed_cpu.linear_packed(x[i : i + 1], packed, 577, None)[0], full[i]), i
+    assert torch.equal(torch.ops.testbed_cpu.linear_packed(x[5:20].contiguous(), packed, 577, None), full[5:20])
 
 
 def test_linear_dispatch(cpu_kernels, monkeypatch):
-    """Up to FEW_ROWS float32 rows take the kernel; more rows or other dtypes take torch's GEMM."""
+    """Up to FEW_ROWS float32 rows with a packed copy take the kernel; more rows, other dtypes or no packed
+    copy take torch's GEMM. Bad packed weights are named."""
     calls = []
-    real = torch.ops.testbed_cpu.linear_rows
-    monkeypatch.setattr(torch.ops.testbed_cpu, "linear_rows", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    real = torch.ops.testbed_cpu.linear_packed
+    monkeypatch.setattr(torch.ops.testbed_cpu, "linear_packed", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     w = torch.randn(8, 16)
-    cpu_kernels.linear(torch.randn(cpu_kernels.FEW_ROWS, 16), w)
-    cpu_kernels.linear(torch.randn(cpu_kernels.FEW_ROWS + 1, 16), w)
-    cpu_kernels.linear(torch.randn(2, 16, dtype=torch.bfloat16), w.bfloat16())
+    packed = cpu_kernels.pack_linear(w)
+    cpu_kernels.linear(torch.randn(cpu_kernels.FEW_ROWS, 16), w, None, packed)
+    cpu_kernels.linear(torch.randn(cpu_kernels.FEW_ROWS + 1, 16), w, None, packed)
+    cpu_kernels.linear(torch.randn(3, 16), w)
+    cpu_kernels.linear(torch.randn(2, 16, dtype=torch.bfloat16), w.bfloat16(), None, packed)
     assert calls == [cpu_kernels.FEW_ROWS]
     with pytest.raises(RuntimeError, match="float32 only"):
-        real(torch.randn(2, 16).double(), w.double(), None)
+        real(torch.randn(2, 16).double(), packed, 8, None)
     with pytest.raises(RuntimeError, match="columns"):
-        real(torch.randn(2, 15), w, None)
+        real(torch.randn(2, 15), packed, 8, None)
+    with pytest.raises(RuntimeError, match="pack_linear"):
+        real(torch.randn(2, 16), w, 8, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_kernels.pack_linear(w.double())
+
+
+def test_backend_packs_each_weight_once(cpu_kernels, monkeypatch):
+    """The backend keeps one packed copy per weight while the weight lives; none with the knob off."""
+    import gc
+
+    from testbed.attention.cpu_backend import CpuBackend
+
+    backend = CpuBackend()
+    w = torch.randn(40, 16)
+    x = torch.randn(3, 16)
+    first = backend.packed(w)
+    assert backend.packed(w) is first and len(backend._packed) == 1
+    assert torch.equal(backend.linear(x, w), torch.ops.testbed_cpu.linear_packed(x, first, 40, None))
+    assert backend.packed(w.bfloat16()) is None
+    del w
+    gc.collect()
+    assert backend._packed == {}
+    monkeypatch.setenv("TESTBED_CPU_PACKED_WEIGHTS", "0")
+    assert CpuBackend().packed(torch.randn(40, 16)) is None
+
+
+def test_weights_are_packed_when_loaded(cpu_kernels):
+    """process_weights_after_loading packs every linear weight (the LM head too), so no step does."""
+    model, _ = _model("llama")
+    model.ops.process_weights_after_loading(model)
+    linears = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert len(linears) == 3 * 4 + 1 and set(model.ops._packed) == linears
 
 
 def _model(model_type: str, dtype=torch.float32):
@@ -82,7 +119,7 @@ def _model(model_type: str, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("num_seqs", [1, 3, 33])  # 33: more rows than FEW_ROWS, torch's GEMM inside
+@pytest.mark.parametrize("num_seqs", [1, 3, 129])  # 129: more rows than FEW_ROWS, torch's GEMM inside
 def test_decode_layers_equal_the_python_layers(cpu_kernels, model_type, num_seqs):
     """Hidden states and the written KV of a decode step are bit-identical with and without the one-call path."""
     from testbed.attention.cpu_backend import CpuBackend
