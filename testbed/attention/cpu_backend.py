@@ -76,8 +76,7 @@ class CpuBackend(KernelBackend):
         return self._split_cache
 
     def linear(self, x, weight, bias=None):
-        few = x.dim() == 2 and x.shape[0] <= cpu_kernels.FEW_ROWS
-        return cpu_kernels.linear(x, weight, bias, self.packed(weight) if few else None)
+        return cpu_kernels.linear(x, weight, bias, self.packed(weight))
 
     def process_weights_after_loading(self, model) -> None:
         """Pack every float32 linear weight now, so that no step pays for it."""
@@ -107,7 +106,7 @@ class CpuBackend(KernelBackend):
         attn = layers[0].self_attn
         key = (id(layers[0]), len(layers))
         if key not in self._layer_weights:
-            self._layer_weights[key] = [w for layer in layers for w in self._decode_weights(layer)]
+            self._layer_weights[key] = [w for layer in layers for w in _layer_weights(layer, self.packed)]
         few_rows = cpu_kernels.FEW_ROWS if hidden.dtype == torch.float32 else -1  # as linear(): fp32 only
         eps = layers[0].input_layernorm.eps
         return cpu_kernels.decode_layers(
@@ -130,22 +129,17 @@ class CpuBackend(KernelBackend):
     def rotary(self, positions, q, k, cos_sin_cache):
         return cpu_kernels.rotary(positions, q, k, cos_sin_cache)
 
-    def _decode_weights(self, layer) -> list:
-        """_layer_weights, then the packed copies of its four linear weights (None if not packed)."""
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        return _layer_weights(layer) + [self.packed(linear.weight) for linear in linears]
 
-
-def _layer_weights(layer) -> list:
-    """One decoder layer's tensors in decode_layers.cpp's order (None where the architecture has none),
-    up to its packed weights."""
+def _layer_weights(layer, packed) -> list:
+    """One decoder layer's tensors in decode_layers.cpp's order (None where the architecture has none), its
+    four linear weights' packed copies (`packed(weight)`, None where not packed) last."""
     attn, mlp = layer.self_attn, layer.mlp
     norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
     eps = {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
     if attn.q_norm is not None:
         eps |= {attn.q_norm.eps, attn.k_norm.eps}
     assert len(eps) == 1, "decode_layers takes one RMSNorm epsilon for every norm of the model"
+    linears = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight)
     return [
         layer.input_layernorm.weight,
         attn.qkv_proj.weight,
@@ -155,4 +149,5 @@ def _layer_weights(layer) -> list:
         layer.post_attention_layernorm.weight,
         mlp.gate_up_proj.weight,
         mlp.down_proj.weight,
+        *(packed(w) for w in linears),
     ]
