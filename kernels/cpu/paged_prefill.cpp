@@ -46,7 +46,13 @@ constexpr int64_t kQueryTile = 128;
 
 inline vf load_v(const float* p) { return *reinterpret_cast<const vf*>(p); }
 inline void store_v(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
-inline vf splat(float x) { return vf{} + x; }
+inline vf splat(float x) {  // one broadcast (see vec.h's splat8)
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(x);
+#else
+    return splat8(x);
+#endif
+}
 inline float hmax_v(vf v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_max_ps((__m512)v);
@@ -106,21 +112,26 @@ struct Prefill {
         }
     }
 
-    // Rows r0 .. r0 + R - 1 against the loaded keys k0 .. k0 + n - 1: online softmax, then O += P V.
+    // Rows r0 .. r0 + R - 1 against the loaded keys k0 .. k0 + n - 1 (n: as many as the last row sees): online
+    // softmax, then O += P V.
     template <int R>
     void tile(int64_t r0, int64_t k0, int64_t n, Scratch& s) const {
         vf acc[R][kKeyVecs];
         for (int j = 0; j < R; ++j)
             for (int v = 0; v < kKeyVecs; ++v) acc[j][v] = vf{};
         const float* qr = &s.q[r0 * d];
-        for (int64_t x = 0; x < d; ++x) {
-            vf kv[kKeyVecs];
-            for (int v = 0; v < kKeyVecs; ++v) kv[v] = load_v(&s.kt[x * kKeys + v * kLanes]);
-            for (int j = 0; j < R; ++j) {
-                const vf b = splat(qr[j * d + x]);
-                for (int v = 0; v < kKeyVecs; ++v) acc[j][v] = acc[j][v] + b * kv[v];
+        // only the key vectors holding keys 0 .. n - 1: past them the tile sees nothing (left 0, masked below)
+        with_count<kKeyVecs>((n + kLanes - 1) / kLanes, [&](auto nkv_) {
+            constexpr int NKV = decltype(nkv_)::value;
+            for (int64_t x = 0; x < d; ++x) {
+                vf kv[NKV];
+                for (int v = 0; v < NKV; ++v) kv[v] = load_v(&s.kt[x * kKeys + v * kLanes]);
+                for (int j = 0; j < R; ++j) {
+                    const vf b = splat(qr[j * d + x]);
+                    for (int v = 0; v < NKV; ++v) acc[j][v] = acc[j][v] + b * kv[v];
+                }
             }
-        }
+        });
         vi lane;
         for (int i = 0; i < kLanes; ++i) lane[i] = i;
         const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -204,8 +215,10 @@ struct Prefill {
             load_keys(table, it.kv_head, k0, n, s);
             for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
                 const int64_t nr = std::min<int64_t>(kRows, rows - r0);
-                if (s.pos[r0 + nr - 1] < k0) continue;  // positions grow with r: the tile sees none of these keys
-                with_count<kRows>(nr, [&](auto r_) { tile<decltype(r_)::value>(r0, k0, n, s); });
+                // positions grow with r: the tile's last row sees the most keys, maybe none, maybe not all n
+                const int64_t seen = std::min(n, s.pos[r0 + nr - 1] - k0 + 1);
+                if (seen <= 0) continue;
+                with_count<kRows>(nr, [&](auto r_) { tile<decltype(r_)::value>(r0, k0, seen, s); });
             }
         }
         for (int64_t r = 0; r < rows; ++r) {

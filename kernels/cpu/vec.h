@@ -15,7 +15,21 @@
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 
+// For an inner loop's helpers whose state (accumulators, a prefetch cursor) must stay in registers: GCC left
+// paged_decode's weighted_block a call of its own, its prefetch cursor in memory.
+#define FORCE_INLINE inline __attribute__((always_inline))
+
 inline v8f load8(const float* p) { return *reinterpret_cast<const v8f*>(p); }
+
+// x in every lane, one broadcast instruction (`v8f{} + x` is an add to +0 that the compiler must keep, since
+// it turns -0 into +0: in an inner loop it cost an add and its latency per broadcast).
+inline v8f splat8(float x) {
+#if defined(__AVX__) && defined(__FMA__)
+    return (v8f)_mm256_set1_ps(x);
+#else
+    return v8f{x, x, x, x, x, x, x, x};
+#endif
+}
 
 // acc + a * b, always one fused multiply-add per lane. Written out because the compiler's own contraction
 // is a tuning choice (on AMD Zen, GCC keeps a lone accumulation chain as separate mul + add), which would
