@@ -19,6 +19,27 @@ namespace {
 // Rows per parallel task: enough work per task that small (decode) batches stay on one thread.
 int64_t grain(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elems)); }
 
+// sum of x_i^2 in fp32: in 8 lanes, each a chain over its elements in order, then hsum's fixed tree (one
+// sequential chain was bound by the add latency, ~4 cycles per element); double stays scalar.
+template <typename T>
+float sum_squares(const T* x, int64_t n) {
+    int64_t i = 0;
+    float ss = 0.f;
+    if constexpr (!std::is_same_v<T, double>) {
+        v8f lanes{};
+        for (; i + 8 <= n; i += 8) {
+            const v8f f = load8_as_float(x + i);
+            lanes = fma8(f, f, lanes);
+        }
+        ss = hsum(lanes);
+    }
+    for (; i < n; ++i) {
+        const float f = static_cast<float>(x[i]);
+        ss += f * f;
+    }
+    return ss;
+}
+
 template <typename T>
 void rms_norm_rows(T* out, T* residual_out, const T* x, const T* residual, const T* weight, int64_t rows,
                    int64_t hidden, float eps) {
@@ -26,23 +47,14 @@ void rms_norm_rows(T* out, T* residual_out, const T* x, const T* residual, const
         for (int64_t r = begin; r < end; ++r) {
             const T* xr = x + r * hidden;
             T* outr = out + r * hidden;
-            float ss = 0.f;
             if (residual != nullptr) {  // x + residual, rounded to T as the reference does
                 const T* rr = residual + r * hidden;
                 T* ro = residual_out + r * hidden;
-                for (int64_t i = 0; i < hidden; ++i) {
-                    const T sum = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
-                    ro[i] = sum;
-                    const float f = static_cast<float>(sum);
-                    ss += f * f;
-                }
+                for (int64_t i = 0; i < hidden; ++i)
+                    ro[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
                 xr = ro;
-            } else {
-                for (int64_t i = 0; i < hidden; ++i) {
-                    const float f = static_cast<float>(xr[i]);
-                    ss += f * f;
-                }
             }
+            const float ss = sum_squares(xr, hidden);
             const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + eps);
             for (int64_t i = 0; i < hidden; ++i) {
                 const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);
