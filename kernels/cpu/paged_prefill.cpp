@@ -2,7 +2,8 @@
 // q_len of its ctx_len tokens, so a chunk after a cached prefix too) against its keys and values, read
 // through the block table (no gathered copy of the context), GQA-aware, fp32 accumulation. Follows
 // FlashAttention-2 (Dao, 2023): keys in chunks with an online softmax, so scores never exist for a whole
-// row, and key chunks past a tile's last query are skipped, not computed and masked. Where it departs from the
+// row, and keys past a tile's last query are skipped, not computed and masked (whole chunks, and within the
+// diagonal chunk the key vectors and keys past the tile's last row). Where it departs from the
 // paper (a GPU kernel): the loop is per KV head over its query heads (GQA shares each copied key chunk),
 // keys are copied (and transposed) into fp32 scratch per chunk instead of staged in shared memory, and the
 // running max is applied to every chunk (no skipped rescaling).
