@@ -7,10 +7,10 @@ kernels.cpu.load, as any checkout is (the first run compiles, ~1 min). Each roun
 the order reversed every other round, so drift in a shared machine's speed hits both alike; each process times
 the cases on identical inputs (fixed seeds) and hashes its outputs, so the table also says whether the two
 builds agree bit for bit. Cases, SmolLM2-135M's attention shapes, fp32:
-  decode   one decode step's attention over 30 layers of distinct caches (memory-bound, as in the engine):
-           32 sequences, contexts uniform in [40, 640), block size 16, shuffled blocks; beside it, in the same
-           process, torch's sum over as many bytes (the machine's streaming read rate).
-  prefill  one step's causal prefill attention over 30 layers: prompts of 300, 450 and 274 tokens, whole.
+  decode   one decode step's attention over --layers (30) layers of distinct caches (memory-bound, as in
+           the engine): 32 sequences, contexts uniform in [40, 640), block size 16, shuffled blocks; beside
+           it, in the same process, torch's sum over as many bytes (the machine's streaming read rate).
+  prefill  one step's causal prefill attention over as many layers: prompts of 300, 450 and 274 tokens, whole.
 """
 
 import argparse
@@ -27,7 +27,7 @@ from experiments.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "kernels"
-HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 PROMPTS = [300, 450, 274]
 
 
@@ -41,7 +41,7 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def paged_caches(lens: list[int], gen):
+def paged_caches(lens: list[int], layers: int, gen):
     import torch
 
     per_seq = max(lens) // BLOCK + 1
@@ -51,13 +51,13 @@ def paged_caches(lens: list[int], gen):
             torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=gen),
             torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=gen),
         )
-        for _ in range(LAYERS)
+        for _ in range(layers)
     ]
     tables = torch.randperm(blocks, generator=gen).view(len(lens), per_seq).int()
     return caches, tables
 
 
-def child(tree: Path, repeats: int) -> dict:
+def child(tree: Path, repeats: int, layers: int) -> dict:
     """Times the cases with the kernels of `tree` (its kernels.cpu, built or loaded from its cache)."""
     sys.path.insert(0, str(tree))
     import torch
@@ -71,7 +71,7 @@ def child(tree: Path, repeats: int) -> dict:
     result = {}
 
     lens = torch.randint(40, 640, (32,), generator=gen, dtype=torch.int32)
-    caches, tables = paged_caches(lens.tolist(), gen)
+    caches, tables = paged_caches(lens.tolist(), layers, gen)
     q = torch.randn(len(lens), HEADS, HEAD_DIM, generator=gen)
     outs = [torch.empty_like(q) for _ in caches]
 
@@ -79,7 +79,7 @@ def child(tree: Path, repeats: int) -> dict:
         for (k, v), out in zip(caches, outs):
             ops.paged_decode(out, q, k, v, tables, lens, HEAD_DIM**-0.5)
 
-    kv_bytes = LAYERS * int(lens.sum()) * 2 * KV_HEADS * HEAD_DIM * 4
+    kv_bytes = layers * int(lens.sum()) * 2 * KV_HEADS * HEAD_DIM * 4
     t_sum = best_seconds(torch.randn(kv_bytes // 4, generator=gen).sum, repeats)
     t_decode = best_seconds(decode, repeats)
     result["decode"] = {
@@ -89,7 +89,7 @@ def child(tree: Path, repeats: int) -> dict:
         "sha1": hashlib.sha1(b"".join(o.numpy().tobytes() for o in outs)).hexdigest()[:12],
     }
 
-    caches, tables = paged_caches(PROMPTS, gen)
+    caches, tables = paged_caches(PROMPTS, layers, gen)
     q = torch.randn(sum(PROMPTS), HEADS, HEAD_DIM, generator=gen)
     starts = [sum(PROMPTS[:i]) for i in range(len(PROMPTS))]
     chunks = torch.tensor([[i, lo, n, n] for i, (lo, n) in enumerate(zip(starts, PROMPTS))])
@@ -100,7 +100,7 @@ def child(tree: Path, repeats: int) -> dict:
             ops.paged_prefill(out, q, k, v, tables, chunks, HEAD_DIM**-0.5)
 
     t_prefill = best_seconds(prefill, repeats)
-    flops = LAYERS * 4 * HEADS * HEAD_DIM * sum(n * (n + 1) // 2 for n in PROMPTS)  # causal pairs only
+    flops = layers * 4 * HEADS * HEAD_DIM * sum(n * (n + 1) // 2 for n in PROMPTS)  # causal pairs only
     result["prefill"] = {
         "ms": t_prefill * 1e3,
         "GFLOPs": flops / t_prefill / 1e9,
@@ -109,9 +109,11 @@ def child(tree: Path, repeats: int) -> dict:
     return result
 
 
-def run_side(tree: Path, threads: int, repeats: int) -> dict:
+def run_side(tree: Path, threads: int, repeats: int, layers: int) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.kernel_ab", "--child", str(tree), "--threads", str(threads)]
-    proc = subprocess.run(cmd + ["--repeats", str(repeats)], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        cmd + ["--repeats", str(repeats), "--layers", str(layers)], cwd=ROOT, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"kernel_ab: the run on {tree} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
@@ -123,6 +125,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="processes per side")
     p.add_argument("--repeats", type=int, default=7, help="timed calls per case per process (best kept)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=30, help="layers of distinct caches per pass")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -130,7 +133,7 @@ def main() -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-        print(json.dumps(child(a.child, a.repeats)))
+        print(json.dumps(child(a.child, a.repeats, a.layers)))
         return 0
 
     sha = subprocess.run(["git", "rev-parse", "--short", a.baseline], cwd=ROOT, capture_output=True, text=True)
@@ -148,7 +151,7 @@ def main() -> int:
             sides = {"baseline": tree, "this tree": ROOT}
             for r in range(a.rounds):
                 for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
-                    runs[name].append(run_side(sides[name], a.threads, a.repeats))
+                    runs[name].append(run_side(sides[name], a.threads, a.repeats, a.layers))
                     print(f"[kernel_ab] round {r + 1}/{a.rounds} {name}: {runs[name][-1]}", file=sys.stderr)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
@@ -182,7 +185,7 @@ def main() -> int:
     ]
     md = (
         f"# kernel=cpu attention kernels: this tree vs {baseline} (same run)\n\n"
-        f"{env['cpu']} ({env['cpu_count']} cores), {a.threads} threads, SmolLM2-135M shapes, fp32, {LAYERS} layers "
+        f"{env['cpu']} ({env['cpu_count']} cores), {a.threads} threads, SmolLM2-135M shapes, fp32, {a.layers} layers "
         f"of distinct caches per pass; best of {a.repeats} passes per process, {a.rounds} processes per side, "
         "interleaved. Decode: 32 sequences, contexts uniform in [40, 640); prefill: prompts "
         f"{', '.join(map(str, PROMPTS))} whole (GFLOP/s count the causal pairs only).\n\n"
