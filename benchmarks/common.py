@@ -87,6 +87,15 @@ def write_json(path: Path, data) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, default=str))  # a result file is whole or absent
 
 
+def publish(out: Path, stem: str, md: str, env: dict, data: dict) -> None:
+    """A benchmark's result pair, out/stem.{json,md}, each written whole: the markdown ends with the command and
+    the machine's load before and after (env["load_before"], env["load_after"]), the JSON holds env + data."""
+    md += f"- command: `{env['command']}`\n- load average before: {env['load_before']}; after: {env['load_after']}\n"
+    write_json(out / f"{stem}.json", {"env": env, **data})
+    atomic_write_text(out / f"{stem}.md", md)
+    print(md)
+
+
 # the full Azure conversation trace beside the checkout (or beside its worktree folder); only if present
 _ROOT = Path(__file__).resolve().parents[1]
 FULL_AZURE = (

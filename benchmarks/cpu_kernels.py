@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, load_average, markdown_table, write_json
-from experiments.atomic import atomic_write_text
+from benchmarks.common import environment, load_average, markdown_table, publish
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64; its four linear layers [out, in]
@@ -195,14 +194,9 @@ def main() -> int:
             linear_rows,
         )
         + f"\n\n- date {env['date']}; git {env['git']}; torch {env['torch']}\n"
-        f"- command: `{env['command']}`\n- load average before: {env['load_before']}; after: {env['load_after']}\n"
     )
-    write_json(
-        a.out / "cpu_kernels.json",
-        {"env": env, "config": vars(a) | {"out": str(a.out)}, "prefill": prefill, "linear": linear},
-    )
-    atomic_write_text(a.out / "cpu_kernels.md", md)
-    print(md)
+    data = {"config": vars(a) | {"out": str(a.out)}, "prefill": prefill, "linear": linear}
+    publish(a.out, "cpu_kernels", md, env, data)
     return 0
 
 

@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, load_average, markdown_table, write_json
-from experiments.atomic import atomic_write_text
+from benchmarks.common import environment, load_average, markdown_table, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "kernels"
@@ -195,11 +194,8 @@ def main() -> int:
         + "\n\nEvery process's best pass (ms):\n\n"
         + markdown_table(["case", "side", "runs"], per_run)
         + f"\n\n- date {env['date']}; git {env['git']}; torch {env['torch']}\n"
-        f"- command: `{env['command']}`\n- load average before: {env['load_before']}; after: {env['load_after']}\n"
     )
-    write_json(a.out / "kernel_ab.json", {"env": env, "config": vars(a) | {"out": str(a.out)}, "runs": runs})
-    atomic_write_text(a.out / "kernel_ab.md", md)
-    print(md)
+    publish(a.out, "kernel_ab", md, env, {"config": vars(a) | {"out": str(a.out)}, "runs": runs})
     return 0
 
 

@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, load_average, markdown_table, write_json
+from benchmarks.common import environment, load_average, markdown_table, publish
 from benchmarks.systems import make_workload
-from experiments.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 MODES = ("kept", "default")
@@ -101,11 +100,8 @@ def main() -> int:
         f"fresh process after a warm-up, modes interleaved (order reversed every other round).\n\n"
         + markdown_table(["mode", "minor faults (runs)", "seconds (runs)"], rows)
         + f"\n\n- cpu: {env['cpu']} ({env['cpu_count']} cores); date {env['date']}; git {env['git']}\n"
-        f"- command: `{env['command']}`\n- load average before: {env['load_before']}; after: {env['load_after']}\n"
     )
-    write_json(a.out / "page_faults.json", {"env": env, "config": vars(a) | {"out": str(a.out)}, "runs": runs})
-    atomic_write_text(a.out / "page_faults.md", md)
-    print(md)
+    publish(a.out, "page_faults", md, env, {"config": vars(a) | {"out": str(a.out)}, "runs": runs})
     return 0
 
 
