@@ -19,25 +19,15 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks.common import environment, load_average, markdown_table, publish
+from benchmarks.cpu_kernels import best_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "kernels"
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 PROMPTS = [300, 450, 274]
-
-
-def best_seconds(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def paged_caches(lens: list[int], layers: int, gen):
@@ -79,8 +69,8 @@ def child(tree: Path, repeats: int, layers: int) -> dict:
             ops.paged_decode(out, q, k, v, tables, lens, HEAD_DIM**-0.5)
 
     kv_bytes = layers * int(lens.sum()) * 2 * KV_HEADS * HEAD_DIM * 4
-    t_sum = best_seconds(torch.randn(kv_bytes // 4, generator=gen).sum, repeats)
-    t_decode = best_seconds(decode, repeats)
+    t_sum = best_seconds(torch.randn(kv_bytes // 4, generator=gen).sum, 1, repeats)
+    t_decode = best_seconds(decode, 1, repeats)
     result["decode"] = {
         "ms": t_decode * 1e3,
         "GBps": kv_bytes / t_decode / 1e9,
@@ -98,7 +88,7 @@ def child(tree: Path, repeats: int, layers: int) -> dict:
         for (k, v), out in zip(caches, outs):
             ops.paged_prefill(out, q, k, v, tables, chunks, HEAD_DIM**-0.5)
 
-    t_prefill = best_seconds(prefill, repeats)
+    t_prefill = best_seconds(prefill, 1, repeats)
     flops = layers * 4 * HEADS * HEAD_DIM * sum(n * (n + 1) // 2 for n in PROMPTS)  # causal pairs only
     result["prefill"] = {
         "ms": t_prefill * 1e3,
