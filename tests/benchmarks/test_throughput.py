@@ -7,6 +7,7 @@ from pathlib import Path
 
 from benchmarks.report import paired_rounds
 from benchmarks.roofline import fastest_device, workload_bound
+from experiments.stats import t_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,10 @@ def test_paired_rounds_sets_each_run_against_its_own_round():
     assert "run 1 50% of roofline, 2.50x hf-static (batch 32)" in engine
     assert "run 2 80% of roofline, 4.00x hf-static (batch 32)" in engine
     assert not any("batch 8): run 2" in line for line in lines)  # a failed run is left out
+    # the mean over rounds with its t interval: 65% +- t(0.975, 1) * 15 / sqrt(2)
+    low, high = t_interval([50.0, 80.0])
+    assert f"**mean 65.0% of roofline** (95% CI {low:.1f}% to {high:.1f}%, 2 runs)" in engine
+    assert "**mean 3.25x hf-static (batch 32)**" in engine
     assert paired_rounds({"engine-cpu": [{"run": 1, "output_tok_s": 1.0}]}, [None]) == []
 
 
