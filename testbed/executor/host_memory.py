@@ -1,4 +1,5 @@
-"""Host memory for CPU steps: keep the memory a step frees for the next step (glibc's malloc only).
+"""Host memory for CPU steps: keep the memory a step frees for the next step (glibc's malloc only), and
+back the KV cache with 2 MiB pages.
 
 A CPU step allocates and frees activations of a few MB each (a 512-token chunk's MLP input is 6 MB). glibc
 serves blocks above its mmap threshold (128 KiB at first, rising as frees are seen) with fresh mappings and
@@ -9,11 +10,21 @@ workload at 32 sequences (benchmarks/page_faults.py, results/host_overhead/page_
 148k-233k minor faults per run fall to 7.8k-9.0k; the run's time did not change beyond that machine's noise
 (16.4-22.4 s kept vs 17.8-20.1 s, 4 runs each). The cost: a CPU engine process keeps up to ~1 GiB it no
 longer uses.
+
+The KV cache (GBs, read a few KB per block from all over it at every decode step) on 4 KiB pages costs a
+TLB miss, and a page walk, per page a step touches; Linux's transparent huge pages are commonly in
+`madvise` mode, so a region must ask for them. With the cache on 2 MiB pages, paged decode over 30 layers of
+an engine-sized cache (2,900 blocks per layer, 32 sequences of 40-640 tokens, 2-core Xeon VM) ran 1.06-1.12x
+faster, same process, alternating. The packed weights, read front to back, showed no difference.
 """
 
 import ctypes
 import ctypes.util
 import logging
+import math
+import mmap
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -37,3 +48,28 @@ def keep_freed_memory() -> bool:
     if not ok:
         logger.info("mallopt refused the host-memory settings; CPU steps will page-fault their activations")
     return ok
+
+
+HUGE_PAGE = 2 << 20
+
+
+def zeros_on_huge_pages(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled CPU tensor in its own anonymous mapping, aligned to 2 MiB and advised MADV_HUGEPAGE, so
+    that where transparent huge pages are enabled (`always` or `madvise`) it is backed by 2 MiB pages; where
+    they are not (or the platform has no madvise), an ordinary zero tensor. Faulted in here, not mid-run."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < HUGE_PAGE or advise is None:
+        return torch.zeros(shape, dtype=dtype)
+    # private anonymous (a shared one is shmem, whose huge pages are a separate, usually disabled, setting);
+    # page-aligned, with slack to start on a 2 MiB boundary
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf = torch.frombuffer(region, dtype=torch.uint8)  # holds a reference to `region`: unmapped with the tensor
+    start = -buf.data_ptr() % HUGE_PAGE
+    try:
+        region.madvise(advise, start, nbytes - nbytes % mmap.PAGESIZE)
+    except OSError as e:  # THP compiled out or disabled: 4 KiB pages, same contents
+        logger.info("KV cache on 4 KiB pages (madvise MADV_HUGEPAGE refused: %s)", e)
+    tensor = buf[start : start + nbytes].view(dtype).view(shape)
+    tensor.zero_()  # already zero; the write faults the pages in now, not during a measured step
+    return tensor

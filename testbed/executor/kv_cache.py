@@ -8,6 +8,7 @@ offset s % block_size.
 import torch
 
 from testbed.core.allocators.base import CopyKind, KVCopy
+from testbed.executor.host_memory import zeros_on_huge_pages
 
 
 def kv_cache_dtype(config, dtype: torch.dtype) -> torch.dtype:
@@ -46,7 +47,11 @@ def num_host_blocks(arch, dtype: torch.dtype, block_size: int, swap_space_gb: fl
 
 
 def allocate_kv_cache(arch, num_blocks: int, block_size: int, num_layers: int, dtype, device) -> list:
+    """(k, v) zero tensors [num_blocks, block_size, kv_heads, head_dim] per layer; on the host, on 2 MiB pages
+    (host_memory.zeros_on_huge_pages)."""
     shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    if torch.device(device).type == "cpu":
+        return [(zeros_on_huge_pages(shape, dtype), zeros_on_huge_pages(shape, dtype)) for _ in range(num_layers)]
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(num_layers)
