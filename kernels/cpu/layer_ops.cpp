@@ -87,7 +87,8 @@ void rotary_rows(T* out, const T* x, const int64_t* positions, const T* cos_sin,
 }
 
 // out[r] = silu(gate) * up for rows x[r] = (gate | up), gate and up d wide each; silu(g) = g / (1 + e^-g),
-// rounded to T before the product as the reference rounds it. fp32 rows 8 lanes at a time (vec.h's exp8).
+// rounded to T before the product as the reference rounds it. fp32 rows 16 lanes at a time with AVX-512, else
+// 8 (vec.h's exp_lanes).
 template <typename T>
 void silu_and_mul_rows(T* out, const T* x, int64_t rows, int64_t d) {
     at::parallel_for(0, rows, grain(2 * d), [&](int64_t begin, int64_t end) {
@@ -97,6 +98,13 @@ void silu_and_mul_rows(T* out, const T* x, int64_t rows, int64_t d) {
             T* o = out + r * d;
             int64_t i = 0;
             if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+                // 16 lanes: the same operations per lane as below, so the same results, at half the instructions
+                for (; i + 16 <= d; i += 16) {
+                    const v16f g = load16(gate + i);
+                    *reinterpret_cast<v16f*>(o + i) = g / (1.f + exp_lanes<v16f, v16i>(-g)) * load16(up + i);
+                }
+#endif
                 const v8f one = v8f{} + 1.f;
                 for (; i + 8 <= d; i += 8) {
                     const v8f g = load8(gate + i);

@@ -94,6 +94,12 @@ inline V exp_lanes(V x) {
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 inline v8f exp8(v8f x) { return exp_lanes<v8f, v8i>(x); }
 
+#if defined(__AVX512F__)
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
+inline v16f load16(const float* p) { return *reinterpret_cast<const v16f*>(p); }
+#endif
+
 // 8 consecutive cache elements as fp32 (bf16: the top half of a float; fp16: F16C's conversion).
 inline v8f load8_as_float(const float* p) { return load8(p); }
 inline v8f load8_as_float(const c10::BFloat16* p) {

@@ -189,11 +189,12 @@ def test_layer_ops_match_reference(cpu_kernels, assert_close, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_silu_and_mul_matches_reference(cpu_kernels, assert_close, dtype):
-    """Fresh random rows, a width with a tail past the 8-lane loop, values far enough out to reach exp's clamps."""
+    """Fresh random rows; widths that end in the 16-lane (AVX-512), the 8-lane and the scalar loop (29 = 16 + 8 +
+    5); values far enough out to reach exp's clamps."""
     from kernels import reference
 
     gen = torch.Generator().manual_seed(11)
-    for shape in [(37, 2 * 1536), (5, 2 * 13), (2, 3, 2 * 64)]:
+    for shape in [(37, 2 * 1536), (5, 2 * 13), (4, 2 * 29), (2, 3, 2 * 64)]:
         x = (torch.randn(*shape, generator=gen) * 8).to(dtype)
         x.view(-1)[:4] = torch.tensor([-100.0, 100.0, 0.0, -0.0]).to(dtype)
         assert_close(cpu_kernels.silu_and_mul(x), reference.silu_and_mul_ref(x))
