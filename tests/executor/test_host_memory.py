@@ -101,7 +101,7 @@ def test_kv_cache_on_host_is_zero_aligned_and_on_huge_pages(dtype):
         assert huge is None or huge >= HUGE_PAGE // 1024, f"no 2 MiB page backs the cache ({huge} kB)"
 
 
-def test_cpu_kv_cache_uses_huge_pages_and_device_caches_do_not_change():
+def test_allocate_kv_cache_on_cpu_gives_each_layer_its_own_aligned_zero_memory():
     from types import SimpleNamespace
 
     from testbed.executor.host_memory import HUGE_PAGE
