@@ -13,9 +13,11 @@ longer uses.
 
 The KV cache (GBs, read a few KB per block from all over it at every decode step) on 4 KiB pages costs a
 TLB miss, and a page walk, per page a step touches; Linux's transparent huge pages are commonly in
-`madvise` mode, so a region must ask for them. With the cache on 2 MiB pages, paged decode over 30 layers of
-an engine-sized cache (2,900 blocks per layer, 32 sequences of 40-640 tokens, 2-core Xeon VM) ran 1.06-1.12x
-faster, same process, alternating. The packed weights, read front to back, showed no difference.
+`madvise` mode, so a region must ask for them. On 2 MiB pages, paged decode over 30 layers of an engine-sized
+cache is up to ~1.2x faster where block tables are scattered over the pool (as they become in a long-running
+server) and no faster where they are contiguous (a fresh engine): `python -m benchmarks.kv_pages`,
+results/kernels/kv_pages.md, whose per-round ratios on the 2-core Xeon VM spread 0.92-1.15x and 0.85-1.19x,
+so the gain is small against that machine's noise. The packed weights, read front to back, showed none.
 """
 
 import ctypes
