@@ -101,7 +101,11 @@ class Replay:
                     self.last_finish_time = t
                 if self.on_finish is not None:
                     self.on_finish(self.recorder.requests.get(out.request_id, {}))
+                self.request_finished(out)
         return finished
+
+    def request_finished(self, out) -> None:
+        """A finished RequestOutput, after it was recorded (session replay sends the next turn from it)."""
 
     def _expired(self, now: float) -> bool:
         if self.max_duration_s is not None and now - self.start_time >= self.max_duration_s:

@@ -70,6 +70,7 @@ def write_run(
     summary: dict,
     trace_report: dict | None = None,
     clock: pd.DataFrame | None = None,
+    tables: dict[str, pd.DataFrame] | None = None,
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
@@ -83,6 +84,8 @@ def write_run(
         write_json(run_dir / "trace_report.json", trace_report)
     if clock is not None:  # every engine clock reading of a real run (replayed by executor.cost_model=replay_steps)
         write_parquet(run_dir / "clock.parquet", clock)
+    for name, frame in (tables or {}).items():  # further tables of a run (turns.parquet of sessions)
+        write_parquet(run_dir / name, frame)
     write_json(summary_path, summary)  # last: its presence marks a complete write
 
 

@@ -33,6 +33,9 @@ from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
 from experiments.recorder import Recorder
 from experiments.replay import MODES, Replay
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.sessions import is_session_trace, load_sessions, session_report
+from experiments.sessions.metrics import session_summary, turns_table
+from experiments.sessions.replay import SessionReplay
 from experiments.stop_signals import RunInterrupted, StopSignals
 from experiments.traces import RequestSpec, load_trace
 from experiments.wandb_logger import WandbLogger
@@ -183,6 +186,8 @@ def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
             "(and trace.path=FILE for file-based traces)"
         )
     check_slo(config_value(cfg, "slo"))  # fail before loading a model
+    if config_value(cfg, "replay.name") == "sessions" or is_session_trace(trace_cfg):
+        return run_sessions(cfg, run_dir, engine, trace_cfg)
     engine = engine or build_engine(cfg)
     trace = load_trace(
         trace_cfg,
@@ -193,6 +198,26 @@ def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
     report = {**trace.report, "replay_length_policy": length_report}
     return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=trace.report.get("path"))
+
+
+def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
+    """A multi-turn session workload (experiments.sessions): replay=sessions with a session source."""
+    if config_value(cfg, "replay.name") != "sessions" or not is_session_trace(trace_cfg):
+        raise ValueError(
+            f"replay=sessions goes with a session source (trace=sessions|sharegpt_sessions|mooncake_sessions) "
+            f"and back; got replay={config_value(cfg, 'replay.name')!r}, trace={trace_cfg.get('name')!r}"
+        )
+    if config_value(cfg, "replay.length_scale", 1.0) != 1.0:
+        raise ValueError("replay.length_scale: not applied to sessions (their histories come from the engine)")
+    engine = engine or build_engine(cfg)
+    sessions = load_sessions(
+        trace_cfg,
+        vocab_size=trace_vocab_size(engine),
+        max_model_len=engine.max_model_len,
+        tokenizer=getattr(engine, "tokenizer", None),
+    )
+    report = {"format": trace_cfg.get("name"), "path": trace_cfg.get("path"), **session_report(sessions)}
+    return replay_specs(cfg, run_dir, engine, sessions, trace_report=report, source=trace_cfg.get("path"))
 
 
 def replay_specs(
@@ -210,7 +235,7 @@ def replay_specs(
     run_dir = Path(run_dir)
     replay_cfg = config_value(cfg, "replay", {}) or {}
     mode = replay_cfg.get("name", "offline")
-    if mode not in MODES:
+    if mode not in (*MODES, "sessions"):
         raise ValueError(f"replay.name: unknown replay mode {mode!r}; one of {list(MODES)}")
     slo = check_slo(config_value(cfg, "slo"))
     percentiles = list(config_value(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
@@ -236,9 +261,16 @@ def replay_specs(
             bar.set_postfix(run=row["num_running"], wait=row["num_waiting"], kv=f"{row['kv_usage']:.0%}", refresh=False)
 
     recorder.listeners.append(on_step)
-    replay = Replay(
+    session_args = {}
+    if mode == "sessions":  # specs are experiments.sessions.Session
+        session_args = {
+            "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
+            "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
+        }
+    replay = (SessionReplay if mode == "sessions" else Replay)(
         engine,
         recorder,
+        **session_args,
         temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
         max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
         on_finish=lambda _row: bar.update(1),
@@ -270,6 +302,10 @@ def replay_specs(
         )  # fmt: skip
         summary.update(spec_summary(engine))
         summary.update(executor_summary(engine))
+        tables = {}
+        if isinstance(replay, SessionReplay):
+            tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)
+            summary.update(session_summary(tables["turns.parquet"], len(specs), replay.turns_cut))
         readings = getattr(engine.clock, "readings", None)  # a RecordingClock's (real runs)
         write_run(
             run_dir,
@@ -279,6 +315,7 @@ def replay_specs(
             summary=summary,
             trace_report=trace_report,
             clock=None if readings is None else pd.DataFrame({"t": readings}),
+            tables=tables,
         )
         table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
         info = {

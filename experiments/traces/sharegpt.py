@@ -30,8 +30,8 @@ def _encode(tokenizer, text: str, special: bool) -> list[int]:
         return list(tokenizer.encode(text))
 
 
-def parse(path) -> tuple[list, int]:
-    """[(entry index, id, human text, gpt text)] for usable entries, and the entry count."""
+def read_conversations(path) -> list[tuple[int, object, list[dict]]]:
+    """[(entry index, id, messages)] of every entry, each message a {"from", "value"} of strings."""
     if not path.is_file():
         raise TraceError("file not found (looked relative to the cwd and the project root)", path)
     try:
@@ -49,7 +49,7 @@ def parse(path) -> tuple[list, int]:
         raise TraceError(f"expected a JSON list of conversations, got {type(data).__name__}", path)
     if not data:
         raise TraceError("no conversations (empty list)", path)
-    usable = []
+    out = []
     for i, entry in enumerate(data):
         where = f"entry {i}"
         conv = entry.get("conversations") if isinstance(entry, dict) else None
@@ -60,18 +60,27 @@ def parse(path) -> tuple[list, int]:
                 isinstance(turn, dict) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str)
             ):
                 raise TraceError(f"turn {t} needs string 'from' and 'value'", path, where, "conversations")
+        out.append((i, entry.get("id"), conv))
+    return out
+
+
+def parse(path) -> tuple[list, int]:
+    """[(entry index, id, human text, gpt text)] for usable entries, and the entry count."""
+    entries = read_conversations(path)
+    usable = []
+    for i, cid, conv in entries:
         roles = [turn["from"].lower() for turn in conv]
         h = next((k for k, r in enumerate(roles) if r in HUMAN), None)
         g = None if h is None else next((k for k in range(h + 1, len(roles)) if roles[k] in GPT), None)
         usable.append(
             (
                 i,
-                entry.get("id"),
+                cid,
                 None if h is None else conv[h]["value"],
                 None if g is None else conv[g]["value"],
             )
         )
-    return usable, len(data)
+    return usable, len(entries)
 
 
 def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace:
