@@ -11,6 +11,13 @@ long contexts, and a mixed offline batch. Each step's shape (testbed.sim.shape) 
 its time is the period from its start to the next step's start, which is what a request waiting on the
 engine experiences (schedule, forward, sampling, output handling and the driver's own work). Steps are
 driven back to back, so there is no idle time in a period.
+
+The calibration checks itself (experiments/probe.py): a fixed probe is timed at the start, middle and end,
+and the profile is refused (nothing written; `--force` writes it anyway, marked so) when the whole-step
+fit's median |error| exceeds 10% or the probe drifted more than 10%. The profile records both.
+
+It also times the model's operators one by one (experiments/operator_bench.py) for the operator-level cost
+model (testbed/sim/cost_models/operators.py, `executor.cost_model=operators`); `--no-operators` skips that.
 """
 
 import argparse
@@ -21,50 +28,14 @@ import time
 from pathlib import Path
 
 from benchmarks.common import cpu_name, environment
+from experiments.probe import MAX_DRIFT, MAX_FIT_ERROR, SelfCheck, probe_seconds
 from experiments.results import write_json
-from testbed import SamplingParams
+from experiments.step_shapes import measure
 from testbed.sim.cost_models.profile import FEATURES, FORMAT, fit
 from testbed.sim.shape import StepShape
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "results" / "profiles"
-
-
-class StepShapes:
-    """While active (a context manager), records each step of an engine: its shape (taken inside execute,
-    before the forward) and its start time. Instrumentation for calibration and fidelity measurements,
-    not part of a normal run: it wraps the executor's execute and removes the wrapper on exit."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.shapes: list[StepShape] = []
-        self.starts: list[float] = []
-        self.busy: list[bool] = []  # work was left after the step: the next one followed at once (no idle wait)
-
-    def __enter__(self) -> "StepShapes":
-        executor = self.engine.executor
-        execute = executor.execute
-
-        def shaped(out):
-            self.shapes.append(StepShape.of(out))
-            return execute(out)
-
-        executor.execute = shaped
-        self.engine.step_callbacks.append(self._on_step)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        del self.engine.executor.execute  # the instance attribute: the class's method shows again
-        self.engine.step_callbacks.remove(self._on_step)
-
-    def _on_step(self, stats) -> None:
-        self.starts.append(stats.start_time)
-        self.busy.append(stats.num_running + stats.num_waiting > 0)
-
-    def periods(self, end: float | None = None) -> list[float]:
-        """Start-to-next-start of each step (the last one ends at `end`, or is dropped)."""
-        nxt = self.starts[1:] + ([end] if end is not None else [])
-        return [b - a for a, b in zip(self.starts, nxt)]
 
 
 def workloads(max_len: int, quick: bool) -> list[tuple[str, list[tuple[int, int]]]]:
@@ -82,32 +53,32 @@ def workloads(max_len: int, quick: bool) -> list[tuple[str, list[tuple[int, int]
     return out
 
 
-def measure(engine, lengths: list[tuple[int, int]], seed: int) -> tuple[list[StepShape], list[float]]:
-    """Run one workload offline, back to back; (shapes, periods) of its steps but the last."""
-    rng = random.Random(seed)
-    vocab = engine.arch.vocab_size
-    with StepShapes(engine) as recorder:
-        for i, (prompt, output) in enumerate(lengths):
-            ids = [rng.randrange(100, vocab) for _ in range(prompt)]
-            params = SamplingParams(temperature=0.0, max_tokens=output, ignore_eos=True)
-            engine.add_request(f"c{seed}-{i}", ids, params)
-        while engine.has_unfinished():
-            engine.step()
-    periods = recorder.periods()
-    return recorder.shapes[: len(periods)], periods
+def profile_name(engine, dtype: str) -> str:
+    """<device>-<model>-<kernel>-<dtype>: the CPU's name, or the GPU's when the engine runs on one."""
+    if engine.device.type == "cuda":
+        import torch
+
+        device = "gpu-" + torch.cuda.get_device_name(engine.device)
+    else:
+        device = "cpu-" + cpu_name()
+    device = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    return f"{device}-{engine.model_name}-{engine.kernel}-{dtype}"
 
 
-def profile_name(model: str, kernel: str, dtype: str) -> str:
-    device = re.sub(r"[^a-z0-9]+", "-", cpu_name().lower()).strip("-")
-    return f"cpu-{device}-{model}-{kernel}-{dtype}"
-
-
-def main(argv=None) -> Path:
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=PROFILES, help="folder for the profile JSON")
     p.add_argument("--quick", action="store_true", help="fewer, shorter workloads (tests)")
-    p.add_argument("--warmup", type=int, default=2, help="steps of a throwaway workload first (kernel builds)")
-    args, overrides = p.parse_known_args(argv)
+    p.add_argument("--warmup", type=int, default=2, help="runs of a throwaway workload first (kernel builds)")
+    p.add_argument("--force", action="store_true", help="write the profile even if its self-check fails")
+    p.add_argument("--max-fit-error", type=float, default=MAX_FIT_ERROR, help="refuse above this median |error|")
+    p.add_argument("--max-drift", type=float, default=MAX_DRIFT, help="refuse when the probe moved more")
+    p.add_argument("--probe-repeats", type=int, default=3, help="probe runs per timing (their median)")
+    p.add_argument("--no-operators", action="store_true", help="skip the operator microbenchmarks")
+    return p.parse_known_args(argv)
+
+
+def build(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     from experiments.runner import build_engine
@@ -117,26 +88,63 @@ def main(argv=None) -> Path:
     engine = build_engine(cfg, record_clock=False)
     if engine.config.executor != "real":
         raise SystemExit("calibration measures the real engine: drop executor=...")
-    if engine.device.type != "cpu":
-        print("note: profiles are named after the CPU; this one is measured on", engine.device, file=sys.stderr)
+    return engine
+
+
+def main(argv=None) -> Path | None:
+    """The profile's path, or None when the self-check refused it (exit status 2 from the command line)."""
+    args, overrides = parse_args(argv)
+    engine = build(overrides)
     measure(engine, [(64, 4)] * max(1, args.warmup), seed=999)  # builds kernels, warms caches
-    shapes, seconds, names = [], [], []
+    log = lambda msg: print(f"{msg} ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr)
     started = time.perf_counter()
+    probes = [probe_seconds(engine, args.probe_repeats)]
+    log(f"probe (start): {1e3 * probes[0]:.1f} ms")
+    shapes, seconds, names = [], [], []
     plan = workloads(engine.max_model_len, args.quick)
     for i, (name, lengths) in enumerate(plan):
         s, t = measure(engine, lengths, seed=i)
         shapes += s
         seconds += t
         names += [name] * len(t)
-        print(
-            f"[{i + 1}/{len(plan)}] {name}: {len(t)} steps, median {1e3 * sorted(t)[len(t) // 2]:.1f} ms "
-            f"({time.perf_counter() - started:.0f} s so far)",
-            file=sys.stderr,
-        )
+        median = f", median {1e3 * sorted(t)[len(t) // 2]:.1f} ms" if t else ""
+        log(f"[{i + 1}/{len(plan)}] {name}: {len(t)} steps{median}")
+        if i == len(plan) // 2 - 1:
+            probes.append(probe_seconds(engine, args.probe_repeats))
+            log(f"probe (middle): {1e3 * probes[-1]:.1f} ms")
+    operators = None
+    if not args.no_operators:
+        from experiments.operator_bench import operator_samples
+        from testbed.sim.cost_models.operators import fit_operators
+
+        operators = fit_operators(operator_samples(engine, args.quick), shapes, seconds)
+        log(f"operators: host work residual median |error| {100 * operators['fit']['median_abs_rel_err']:.1f}%")
+    probes.append(probe_seconds(engine, args.probe_repeats))
+    log(f"probe (end): {1e3 * probes[-1]:.1f} ms")
     result = fit(shapes, seconds)
+    check = SelfCheck.of(result["fit"]["median_abs_rel_err"], probes, args.max_fit_error, args.max_drift)
+    profile = describe(engine, overrides, shapes, seconds, names, result, check, args.force, operators)
+    path = args.out / f"{profile_name(engine, profile['dtype'])}.json"
+    f = result["fit"]
+    print(
+        f"fit: {f['samples']} steps, median |error| {100 * f['median_abs_rel_err']:.1f}%, "
+        f"p90 {100 * f['p90_abs_rel_err']:.1f}%, R^2 {f['r2']:.3f}; probe drift {100 * check.drift:.1f}%; "
+        "coefficients " + ", ".join(f"{k}={v:.3g}" for k, v in zip(FEATURES, result["coefficients"].values())),
+        file=sys.stderr,
+    )
+    if not check.passed and not args.force:
+        print(f"REFUSED, {path} not written: " + "; ".join(check.failures) + " (--force writes it)", file=sys.stderr)
+        return None
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(path, profile)
+    print(f"{path}" + ("" if check.passed else " (FORCED past: " + "; ".join(check.failures) + ")"), file=sys.stderr)
+    return path
+
+
+def describe(engine, overrides, shapes, seconds, names, result, check, forced, operators) -> dict:
     dtype = str(engine.dtype).removeprefix("torch.")
     env = environment()
-    profile = {
+    return {
         "format": FORMAT,
         "kind": "testbed step-time profile",
         "device": f"cpu: {env['cpu']}" if engine.device.type == "cpu" else env["device"],
@@ -152,6 +160,8 @@ def main(argv=None) -> Path:
             "max_tokens": max(s.num_tokens for s in shapes),
         },
         **result,
+        "self_check": check.as_dict(forced),
+        "operators": operators,
         "samples": {
             "features": list(StepShape.__dataclass_fields__),
             "workload": names,
@@ -159,18 +169,7 @@ def main(argv=None) -> Path:
             "seconds": seconds,
         },
     }
-    path = args.out / f"{profile_name(engine.model_name, engine.kernel, dtype)}.json"
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(path, profile)
-    f = result["fit"]
-    print(
-        f"{path}: {f['samples']} steps, median |error| {100 * f['median_abs_rel_err']:.1f}%, "
-        f"p90 {100 * f['p90_abs_rel_err']:.1f}%, R^2 {f['r2']:.3f}; coefficients "
-        + ", ".join(f"{k}={v:.3g}" for k, v in zip(FEATURES, result["coefficients"].values())),
-        file=sys.stderr,
-    )
-    return path
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main() is not None else 2)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.common import environment, markdown_table
-from experiments.calibrate import StepShapes
 from experiments.runner import build_engine, run_trace
+from experiments.step_shapes import StepShapes
 from testbed.sim.cost_models.profile import ProfileCost
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,11 +26,11 @@ class SimPlan:
             return self.recorded.num_blocks
         per_block = arch.kv_bytes_per_token(self.dtype.itemsize) * block_size
         if self.config.cost_model == "roofline":
-            from testbed.sim.cost_models.roofline import RooflineCost
+            from testbed.sim.capacity import weight_bytes
             from testbed.sim.devices import load_device
 
             device = load_device(self.config.device)
-            weights = RooflineCost(arch, self.dtype.itemsize, device).weight_bytes
+            weights = weight_bytes(arch, self.dtype.itemsize)  # every weight held, the embedding table too
             budget = device.memory_gb * 2**30 * gpu_memory_utilization - weights
             where = f"{device.name} ({device.memory_gb:g} GB, weights {weights / 2**30:.1f} GiB)"
         else:
@@ -56,7 +56,7 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
 
         load_device(sim.device)
         dtype = dtype or "bfloat16"
-    elif sim.cost_model == "profile":
+    elif sim.cost_model in ("profile", "operators"):
         path = Path(sim.profile)
         if not path.exists():
             raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibrate`)")
@@ -86,10 +86,11 @@ def build_sim_executor(
         from testbed.sim.devices import load_device
 
         cost_model = RooflineCost(spec.arch, plan.dtype.itemsize, load_device(sim.device))
-    elif sim.cost_model == "profile":
+    elif sim.cost_model in ("profile", "operators"):
+        from testbed.sim.cost_models.operators import OperatorCost
         from testbed.sim.cost_models.profile import ProfileCost
 
-        cost_model = ProfileCost(
+        cost_model = (OperatorCost if sim.cost_model == "operators" else ProfileCost)(
             sim.profile,
             spec.name,
             plan.kernel,

@@ -2,14 +2,14 @@
 
 from dataclasses import dataclass, fields
 
-COST_MODELS = ("roofline", "profile", "replay_steps")
+COST_MODELS = ("roofline", "profile", "operators", "replay_steps")
 
 
 @dataclass
 class SimConfig:
-    cost_model: str = "roofline"  # roofline | profile | replay_steps
+    cost_model: str = "roofline"  # roofline | profile | operators | replay_steps
     device: str | None = None  # roofline: conf/device/NAME.yaml with a spec sheet
-    profile: str | None = None  # profile: a profile JSON (experiments.calibrate writes them to results/profiles/)
+    profile: str | None = None  # profile, operators: a profile JSON (experiments.calibrate writes results/profiles/)
     run: str | None = None  # replay_steps: the folder of a recorded real run (clock.parquet, steps.parquet)
     spec_acceptance: float = 0.7  # speculative decoding: each draft accepted with this probability
     allow_extrapolation: bool = False  # profile: price batches beyond the calibrated range instead of refusing
@@ -20,8 +20,8 @@ class SimConfig:
             raise ValueError(f"sim cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
         if self.cost_model == "roofline" and not self.device:
             raise ValueError("the roofline cost model needs a device with a spec sheet (device=h100-sxm, ...)")
-        if self.cost_model == "profile" and not self.profile:
-            raise ValueError("the profile cost model needs a profile file (executor.profile=PATH)")
+        if self.cost_model in ("profile", "operators") and not self.profile:
+            raise ValueError(f"the {self.cost_model} cost model needs a profile file (executor.profile=PATH)")
         if self.cost_model == "replay_steps" and not self.run:
             raise ValueError("the replay_steps cost model needs a recorded run folder (executor.run=DIR)")
         if not 0 <= self.spec_acceptance <= 1:
