@@ -127,7 +127,12 @@ def test_calibrate_and_simulate_the_tiny_model_on_its_operators(tmp_path, monkey
     assert summary["sim_cost_model"] == "operators" and sim["completed"] == 24 and sim["duration"] > 0
     with pytest.raises(ValueError, match="max_num_seqs=128 \\(microbenchmarked up to 64\\)"):
         run_trace(
-            cfg(*overrides, "executor=sim", "executor.cost_model=operators", f"executor.profile={path}",
-                "scheduler.max_num_seqs=128"),
+            cfg(
+                *overrides,
+                "executor=sim",
+                "executor.cost_model=operators",
+                f"executor.profile={path}",
+                "scheduler.max_num_seqs=128",
+            ),
             tmp_path / "wide",
         )
