@@ -35,6 +35,8 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         executor=cfg.executor.name,
         sim_config=_sim_config(cfg),
         null_step_time_s=cfg.executor.get("step_time_s", 0.0),
+        tensor_parallel_size=cfg.parallel.tensor_parallel_size,
+        distributed_timeout_s=cfg.parallel.timeout_s,
     )
 
 

@@ -38,6 +38,8 @@ class EngineConfig:
     null_step_time_s: float = 0.0  # executor=null: hold the "device" this long per step (overlap benchmarks)
     executor: str = "real"  # real (the model) | null (no model: host-side cost) | sim (a cost model, virtual clock)
     sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device, ...)
+    tensor_parallel_size: int = 1  # ranks one model is split over (testbed.parallel); KV budgets are per rank
+    distributed_timeout_s: float = 120.0  # TP: a collective not done by then fails the engine (dead or hung rank)
 
     def __post_init__(self):
         if not 1 <= self.block_size <= 1024:
@@ -52,6 +54,9 @@ class EngineConfig:
             raise ValueError(f"num_cpu_blocks must be >= 1, got {self.num_cpu_blocks}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        from testbed.parallel.config import check_parallel_config
+
+        check_parallel_config(self)
         if self.executor not in ("real", "null", "sim"):
             raise ValueError(f"executor must be 'real', 'null' or 'sim', got {self.executor!r}")
         if self.executor == "sim":

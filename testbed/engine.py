@@ -24,6 +24,7 @@ from testbed.isolation import RunInvalid, error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
+from testbed.parallel.config import shard_arch, tp_kernel
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
 from testbed.sequence_group import SequenceGroup
@@ -70,7 +71,8 @@ class Engine:
             self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
         self.kv_dtype = kv_cache_dtype(config, self.dtype)
         # the kernels that run (named in every summary); a simulation runs none (a profile names its own)
-        self.kernel = sim.kernel if sim else resolve_kernel(config.kernel, self.device)
+        kernel = tp_kernel(config.kernel, config.tensor_parallel_size, self.device.type)
+        self.kernel = sim.kernel if sim else resolve_kernel(kernel, self.device)
         self.backend = None if sim else get_backend(self.kernel)
         if self.kv_dtype != self.dtype and self.kernel == "triton":  # kernel=auto resolved to triton
             raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
@@ -91,7 +93,12 @@ class Engine:
             )
         else:
             num_blocks = config.num_blocks or num_blocks_from_memory(
-                self.arch, self.kv_dtype, bs, self.device, config.kv_cache_memory_gb, config.gpu_memory_utilization
+                shard_arch(self.arch, config.tensor_parallel_size),  # each rank holds its KV heads
+                self.kv_dtype,
+                bs,
+                self.device,
+                config.kv_cache_memory_gb,
+                config.gpu_memory_utilization,
             )
             # before the block pool is built: an absurd budget must fail now, not hang building it
             check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.kv_dtype, bs), self.device)
@@ -386,3 +393,11 @@ class Engine:
     def spec_stats(self) -> dict:
         """Speculative decoding counters (empty without speculation)."""
         return self.spec.stats() if self.spec else {}
+
+    def close(self) -> None:
+        """Release what outlives the engine object: the async-step thread and tensor-parallel workers."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()

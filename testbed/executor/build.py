@@ -15,6 +15,8 @@ from testbed.executor.model_runner import ModelRunner
 from testbed.executor.null_executor import NullExecutor
 from testbed.executor.sampler import Sampler
 from testbed.models.build import ModelSpec, build_model
+from testbed.parallel.config import shard_arch
+from testbed.parallel.start import start_tensor_parallel
 from testbed.spec import SpeculativeConfig, Speculator, build_speculator
 from testbed.spec.draft import DraftModelProposer, num_scratch_blocks
 
@@ -59,14 +61,18 @@ def build_executor(
 
     if device.type == "cpu":
         keep_freed_memory()
+    tp = start_tensor_parallel(config, spec, backend.name, num_blocks, num_cpu_blocks, device, dtype)
     model = build_model(spec, backend, dtype, device, config.seed)
+    if tp is not None:  # rank 0's shard; the workers build theirs meanwhile
+        model = tp.shard(model)
     spec_config = SpeculativeConfig.from_any(config.speculative_config)
     scratch = 0
     if spec_config.method == "layerskip":  # the draft writes its KV into the target's tensors
         scratch = num_scratch_blocks(spec_config.num_speculative_tokens, config.block_size, config.max_num_seqs)
     kv_dtype = kv_cache_dtype(config, dtype)
+    kv_arch = shard_arch(spec.arch, config.tensor_parallel_size)  # this rank's KV heads
     kv_caches = allocate_kv_cache(
-        spec.arch, num_blocks + scratch, config.block_size, spec.arch.num_hidden_layers, kv_dtype, device
+        kv_arch, num_blocks + scratch, config.block_size, spec.arch.num_hidden_layers, kv_dtype, device
     )
     speculator = build_speculator(
         spec_config,
@@ -85,7 +91,8 @@ def build_executor(
     )
     copier = KVBlockCopier(_copy_pairs(spec, config, kv_caches, speculator, num_cpu_blocks, kv_dtype, dtype))
 
-    graphs = config.cuda_graph_dry_run or use_cuda_graphs(config.enforce_eager, backend, device)
+    eager = config.enforce_eager or tp is not None  # TP runs eagerly (no collectives in captured graphs)
+    graphs = config.cuda_graph_dry_run or use_cuda_graphs(eager, backend, device)
     sizes = config.cuda_graph_sizes or default_capture_sizes(config.max_num_seqs)
     seqs = max(config.max_num_seqs, max(sizes)) if graphs else config.max_num_seqs
     buffers = InputBuffers(
@@ -102,6 +109,8 @@ def build_executor(
             model, kv_caches, buffers, sizes, spec.max_model_len, capture=not config.cuda_graph_dry_run
         ).capture()
     runner = ModelRunner(model, kv_caches, tables, buffers, sampler, copier, speculator, cuda_graphs)
+    if tp is not None:
+        return ExecutorParts(tp.executor(runner), model, speculator)
     return ExecutorParts(runner, model, speculator)
 
 
@@ -114,7 +123,8 @@ def _copy_pairs(spec, config, kv_caches, speculator, num_cpu_blocks, kv_dtype, d
             return None
         return allocate_kv_cache(arch, num_cpu_blocks, config.block_size, num_layers, dtype, "cpu")
 
-    pairs = [(kv_caches, host_pool(spec.arch, spec.arch.num_hidden_layers, kv_dtype))]
+    arch = shard_arch(spec.arch, config.tensor_parallel_size)
+    pairs = [(kv_caches, host_pool(arch, arch.num_hidden_layers, kv_dtype))]
     proposer = speculator.proposer if speculator else None
     if isinstance(proposer, DraftModelProposer):
         pairs.append((proposer.kv_caches, host_pool(proposer.model.arch, proposer.num_layers, draft_dtype)))

@@ -1,0 +1,75 @@
+"""What tensor parallelism can run, refused early with errors that name the key."""
+
+from dataclasses import replace
+
+from testbed.models.arch import ModelArch
+
+# kernels whose layers run module by module (the all-reduces live in the modules); kernel=cpu fuses a decode
+# step's layers in C++ (decode_layers) and keeps packed weight copies, so it would skip them
+TP_KERNELS = ("torch", "triton")
+
+
+def tp_kernel(kernel: str, tensor_parallel_size: int, device_type: str) -> str:
+    """kernel=auto under TP: triton on CUDA, the torch reference on a CPU (not the fused C++ layers)."""
+    if tensor_parallel_size == 1 or kernel != "auto":
+        return kernel
+    return "triton" if device_type == "cuda" else "torch"
+
+
+def check_parallel_config(config) -> None:
+    """What an EngineConfig alone shows TP cannot run (called when the config is made)."""
+    n = config.tensor_parallel_size
+    if n < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {n}")
+    if config.distributed_timeout_s <= 0:
+        raise ValueError(f"distributed_timeout_s must be > 0, got {config.distributed_timeout_s}")
+    if n == 1:
+        return
+    if config.executor == "sim":
+        raise ValueError("parallel.tensor_parallel_size > 1 with executor=sim is not priced yet")
+    if config.executor == "null":
+        raise ValueError("parallel.tensor_parallel_size > 1 runs with executor=real or executor=sim, not null")
+    if config.kernel not in ("auto",) + TP_KERNELS:
+        raise ValueError(
+            f"kernel={config.kernel} does not run under tensor parallelism (it fuses the decoder layers past the "
+            f"all-reduces); use kernel=torch or kernel=triton (CUDA)"
+        )
+    method = (config.speculative_config or {}).get("method", "none")
+    if method == "layerskip":
+        raise ValueError(
+            "spec=layerskip runs the target's first layers as the draft on rank 0 alone; it is not supported with "
+            "parallel.tensor_parallel_size > 1 (use spec=ngram, or spec=draft: its model runs unsharded on rank 0)"
+        )
+    if config.cuda_graph_dry_run:
+        raise ValueError("cuda_graph_dry_run is not supported with parallel.tensor_parallel_size > 1 (TP runs eagerly)")
+
+
+def check_tensor_parallel(config, arch: ModelArch) -> None:
+    """Raise if the model's shape cannot be split over config.tensor_parallel_size ranks."""
+    n = config.tensor_parallel_size
+    if n == 1:
+        return
+    heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
+    if heads % n or kv_heads % n:
+        divisors = [d for d in range(1, kv_heads + 1) if not heads % d and not kv_heads % d]
+        raise ValueError(
+            f"parallel.tensor_parallel_size={n} must divide the model's {heads} query heads and {kv_heads} KV heads "
+            f"(model {config.model!r}); sizes that do: {divisors}"
+        )
+    if arch.intermediate_size % n:
+        raise ValueError(
+            f"parallel.tensor_parallel_size={n} must divide the MLP width {arch.intermediate_size} "
+            f"(model {config.model!r})"
+        )
+
+
+def shard_arch(arch: ModelArch, n: int) -> ModelArch:
+    """One rank's share of the shape: heads, KV heads and MLP width divided by n (what its KV cache holds)."""
+    if n == 1:
+        return arch
+    return replace(
+        arch,
+        num_attention_heads=arch.num_attention_heads // n,
+        num_key_value_heads=arch.num_key_value_heads // n,
+        intermediate_size=arch.intermediate_size // n,
+    )

@@ -1,0 +1,28 @@
+"""The one call the executor builder makes: None without TP, else the started group on rank 0."""
+
+import torch
+
+from testbed.parallel.config import check_tensor_parallel
+
+
+def start_tensor_parallel(config, spec, kernel: str, num_blocks: int, num_cpu_blocks, device, dtype):
+    """Check the config against the model, start (or join, under torchrun) the workers and send them the plan:
+    a testbed.parallel.executor.TensorParallel, or None when tensor_parallel_size is 1."""
+    if config.tensor_parallel_size == 1:
+        return None
+    check_tensor_parallel(config, spec.arch)
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.device_count() < config.tensor_parallel_size:
+        raise ValueError(
+            f"parallel.tensor_parallel_size={config.tensor_parallel_size} needs that many GPUs on this machine, "
+            f"found {torch.cuda.device_count()} (several machines: launch with torchrun or srun)"
+        )
+    from testbed.executor.kv_cache import kv_cache_dtype
+    from testbed.parallel.executor import TensorParallel
+    from testbed.parallel.worker import WorkerPlan
+
+    name = str(dtype).removeprefix("torch.")
+    kv = str(kv_cache_dtype(config, dtype)).removeprefix("torch.")
+    return TensorParallel(
+        WorkerPlan(config, num_blocks, num_cpu_blocks, name, kv, device.type, kernel, torch.get_num_threads())
+    )
