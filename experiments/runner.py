@@ -200,8 +200,8 @@ def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=trace.report.get("path"))
 
 
-def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
-    """A multi-turn session workload (experiments.sessions): replay=sessions with a session source."""
+def check_session_config(cfg, trace_cfg) -> None:
+    """replay=sessions and a session source come together; the length policy's scale is refused."""
     if config_value(cfg, "replay.name") != "sessions" or not is_session_trace(trace_cfg):
         raise ValueError(
             f"replay=sessions goes with a session source (trace=sessions|sharegpt_sessions|mooncake_sessions) "
@@ -209,6 +209,11 @@ def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
         )
     if config_value(cfg, "replay.length_scale", 1.0) != 1.0:
         raise ValueError("replay.length_scale: not applied to sessions (their histories come from the engine)")
+
+
+def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
+    """A multi-turn session workload (experiments.sessions): replay=sessions with a session source."""
+    check_session_config(cfg, trace_cfg)
     engine = engine or build_engine(cfg)
     sessions = load_sessions(
         trace_cfg,

@@ -31,6 +31,7 @@ from experiments.runner import (
     _positive,
     _relative,
     apply_length_policy,
+    check_session_config,
     config_value,
     executor_summary,
     print_summary,
@@ -38,6 +39,9 @@ from experiments.runner import (
     spec_summary,
     trace_vocab_size,
 )
+from experiments.sessions import is_session_trace, load_sessions, session_report
+from experiments.sessions.cluster_replay import SessionClusterReplay
+from experiments.sessions.metrics import session_summary, turns_table
 from experiments.stop_signals import RunInterrupted, StopSignals
 from experiments.traces import RequestSpec, load_trace
 from testbed.cluster.config import ClusterConfig
@@ -81,8 +85,23 @@ def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
     if not trace_cfg:
         raise ValueError("a cluster replays a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic")
     check_slo(config_value(cfg, "slo"))
+    sessions = config_value(cfg, "replay.name") == "sessions" or is_session_trace(trace_cfg)
+    if sessions:
+        check_session_config(cfg, trace_cfg)
     cluster, engines, model = build_cluster(cfg, cluster_cfg)
     try:
+        if sessions:
+            items = load_sessions(
+                trace_cfg,
+                vocab_size=trace_vocab_size(model),
+                max_model_len=model.max_model_len,
+                tokenizer=getattr(model, "tokenizer", None),
+            )
+            report = {"format": trace_cfg.get("name"), "path": trace_cfg.get("path"), **session_report(items)}
+            return replay_cluster(
+                cfg, run_dir, cluster, engines, cluster_cfg, items, trace_report=report, source=trace_cfg.get("path"),
+                quiet=quiet, max_model_len=model.max_model_len,
+            )  # fmt: skip
         trace = load_trace(
             trace_cfg,
             vocab_size=trace_vocab_size(model),
@@ -119,11 +138,12 @@ def replay_cluster(
     trace_report: dict | None = None,
     source: str | None = None,
     quiet: bool = False,
+    max_model_len: int | None = None,
 ) -> dict:
     run_dir = Path(run_dir)
     replay_cfg = config_value(cfg, "replay", {}) or {}
     mode = replay_cfg.get("name", "offline")
-    if mode not in MODES:
+    if mode not in (*MODES, "sessions"):
         raise ValueError(f"replay.name: unknown replay mode {mode!r}; one of {list(MODES)}")
     slo = check_slo(config_value(cfg, "slo"))
     percentiles = list(config_value(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
@@ -143,9 +163,17 @@ def replay_cluster(
         disable=quiet or not config_value(cfg, "progress", True),
         file=sys.stderr,
     )
-    replay = ClusterReplay(
+    session_args = {}
+    if mode == "sessions":  # specs are experiments.sessions.Session
+        session_args = {
+            "max_model_len": max_model_len,
+            "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
+            "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
+        }
+    replay = (SessionClusterReplay if mode == "sessions" else ClusterReplay)(
         cluster,
         recorder,
+        **session_args,
         temperature=replay_cfg.get("temperature", 0.0),
         max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
         on_finish=lambda _row: bar.update(1),
@@ -180,6 +208,10 @@ def replay_cluster(
         )  # fmt: skip
         summary.update(cluster_summary(requests, steps, start, end, roles, slo, percentiles))
         summary.update(cluster.identity())
+        tables = {}
+        if isinstance(replay, SessionClusterReplay):
+            tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)
+            summary.update(session_summary(tables["turns.parquet"], len(specs), replay.turns_cut))
         if engines is not None:
             summary.update(spec_summary(engines[0]))
             summary.update(executor_summary(engines[0]))
@@ -195,6 +227,7 @@ def replay_cluster(
             steps=steps,
             summary=summary,
             trace_report=trace_report,
+            tables=tables,
         )
         table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
         info = {

@@ -24,19 +24,26 @@ from .types import Session
 TURN_COLUMNS = ["request_id", "session_id", "turn", "think_s", "new_tokens", "history_tokens", "prompt_tokens"]
 
 
-class SessionReplay(Replay):
-    def __init__(self, engine, recorder, *, max_prompt_tokens=None, max_output_tokens=None, **kwargs):
-        super().__init__(engine, recorder, **kwargs)
+class SessionTurns:
+    """The session bookkeeping both drivers share (this one engine, experiments.sessions.cluster_replay): turns
+    waiting for their send time, histories, the turns table. The driver provides submit(spec, t), start_time,
+    max_model_len and calls turn_finished(output) for every finished request."""
+
+    def init_sessions(self, sessions, max_prompt_tokens=None, max_output_tokens=None) -> None:
         self.max_prompt_tokens = max_prompt_tokens
         self.max_output_tokens = max_output_tokens
         self.turn_rows: list[dict] = []
         self.turns_cut = 0
-        self._sessions: list[Session] = []
+        self._sessions: list[Session] = list(sessions)
+        self._waiting: deque[int] = deque()  # sessions not started, by start time
         self._pending: list[tuple] = []  # heap of (send time, seq, session index, turn index)
         self._history: dict[int, list[int]] = {}  # session index -> tokens of its history so far
         self._in_flight: dict[str, tuple[int, int]] = {}  # request id -> (session index, turn index)
         self._active = 0
         self._seq = 0
+
+    def first_turn_specs(self) -> list[RequestSpec]:
+        return [self._spec(i, 0, s.turns[0].new_token_ids, s.start_s) for i, s in enumerate(self._sessions)]
 
     def _spec(self, si: int, k: int, prompt: list[int], arrival_s: float) -> RequestSpec:
         s = self._sessions[si]
@@ -58,7 +65,7 @@ class SessionReplay(Replay):
         prompt = history + session.turns[k].new_token_ids
         spec = self._spec(si, k, prompt, t - self.start_time)
         too_long = self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens
-        if k > 0 and (too_long or len(prompt) + spec.max_tokens > self.engine.max_model_len):
+        if k > 0 and (too_long or len(prompt) + spec.max_tokens > self.max_model_len):
             self.turns_cut += 1
             return self._end_session()
         try:
@@ -81,7 +88,7 @@ class SessionReplay(Replay):
             }
         )
 
-    def request_finished(self, out) -> None:
+    def turn_finished(self, out, now: float) -> None:
         where = self._in_flight.pop(out.request_id, None)
         if where is None:
             return
@@ -91,43 +98,69 @@ class SessionReplay(Replay):
         if completion.finish_reason in (None, "abort") or k + 1 >= len(session.turns):
             return self._end_session()
         self._history[si] = list(out.prompt_token_ids) + list(completion.token_ids)
-        finish = out.metrics.finish_time if out.metrics and out.metrics.finish_time is not None else self.engine.clock()
+        finish = out.metrics.finish_time if out.metrics and out.metrics.finish_time is not None else now
         self._schedule(finish + session.turns[k + 1].think_s, si, k + 1)
+
+    def send_due(self, now: float, concurrency: int | None, last_finish: float | None) -> float:
+        """Start the sessions whose time came (while there are slots) and send every turn due by now;
+        returns when something is next due (inf: nothing until a turn finishes)."""
+        waiting, t0 = self._waiting, self.start_time
+        while waiting and (concurrency is None or self._active < concurrency):
+            start = t0 + self._sessions[waiting[0]].start_s
+            if start > now:
+                break
+            self._active += 1
+            # a session that waited for a slot starts when the slot freed (at the latest finish so far)
+            freed = last_finish if concurrency is not None and last_finish else start
+            self._schedule(max(start, freed), waiting.popleft(), 0)
+        while self._pending and self._pending[0][0] <= now:
+            t, _, si, k = heapq.heappop(self._pending)
+            self._send(t, si, k)
+        wake = [self._pending[0][0]] if self._pending else []
+        if waiting and (concurrency is None or self._active < concurrency):
+            wake.append(t0 + self._sessions[waiting[0]].start_s)
+        return min(wake, default=float("inf"))
+
+    def sessions_left(self) -> bool:
+        return bool(self._waiting or self._pending)
+
+    def begin(self, concurrency: int | None) -> None:
+        bad = isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        if concurrency is not None and bad:
+            raise ValueError(f"replay.concurrency: null or an integer >= 1 (active sessions), got {concurrency!r}")
+        self._waiting = deque(sorted(range(len(self._sessions)), key=lambda i: self._sessions[i].start_s))
+
+    def turns_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.turn_rows, columns=TURN_COLUMNS)
+
+
+class SessionReplay(SessionTurns, Replay):
+    def __init__(self, engine, recorder, *, max_prompt_tokens=None, max_output_tokens=None, **kwargs):
+        super().__init__(engine, recorder, **kwargs)
+        self.init_sessions([], max_prompt_tokens, max_output_tokens)
+        self.max_model_len = engine.max_model_len
+
+    def request_finished(self, out) -> None:
+        self.turn_finished(out, self.engine.clock())
 
     def run(self, sessions, mode: str = "sessions", concurrency: int | None = None) -> None:
         if mode != "sessions":
             raise ValueError(f"replay.name: session workloads replay with replay=sessions, got {mode!r}")
-        bad = isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        if concurrency is not None and bad:
-            raise ValueError(f"replay.concurrency: null or an integer >= 1 (active sessions), got {concurrency!r}")
-        self._sessions = list(sessions)
-        self.validate([self._spec(i, 0, s.turns[0].new_token_ids, s.start_s) for i, s in enumerate(self._sessions)])
+        self.init_sessions(sessions, self.max_prompt_tokens, self.max_output_tokens)
+        self.begin(concurrency)
+        self.validate(self.first_turn_specs())
         self.start_time = self.engine.clock()
-        waiting = deque(sorted(range(len(self._sessions)), key=lambda i: self._sessions[i].start_s))
         clock, t0 = self.engine.clock, self.start_time
-        while waiting or self._pending or self.engine.has_unfinished():
+        while self.sessions_left() or self.engine.has_unfinished():
             now = clock()
             if self._expired(now):
                 break
-            while waiting and (concurrency is None or self._active < concurrency):
-                start = t0 + self._sessions[waiting[0]].start_s
-                if start > now:
-                    break
-                self._active += 1
-                # a session that waited for a slot starts when the slot freed (at the latest finish so far)
-                freed = self.last_finish_time if concurrency is not None and self.last_finish_time else start
-                self._schedule(max(start, freed), waiting.popleft(), 0)
-            while self._pending and self._pending[0][0] <= now:
-                t, _, si, k = heapq.heappop(self._pending)
-                self._send(t, si, k)
+            wake = self.send_due(now, concurrency, self.last_finish_time)
             if self.engine.has_unfinished():
                 self.step()
                 continue
-            wake = [self._pending[0][0]] if self._pending else []
-            if waiting and (concurrency is None or self._active < concurrency):
-                wake.append(t0 + self._sessions[waiting[0]].start_s)
-            if wake:
-                wait = min(wake) - clock()
+            if wake < float("inf"):
+                wait = wake - clock()
                 if self.max_duration_s is not None:
                     wait = min(wait, t0 + self.max_duration_s - clock())
                 if wait > 0:
@@ -137,6 +170,3 @@ class SessionReplay(Replay):
             self.end_time = self.engine.clock()
         else:
             self.end_time = self.last_finish_time if self.last_finish_time is not None else self.engine.clock()
-
-    def turns_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.turn_rows, columns=TURN_COLUMNS)

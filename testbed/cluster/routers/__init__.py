@@ -13,6 +13,7 @@ ROUTERS = {
     "least_kv": "testbed.cluster.routers.least_kv:LeastKVRouter",
     "power_of_two": "testbed.cluster.routers.power_of_two:PowerOfTwoRouter",
     "prefix_affinity": "testbed.cluster.routers.prefix_affinity:PrefixAffinityRouter",
+    "session_affinity": "testbed.cluster.routers.session_affinity:SessionAffinityRouter",
 }
 
 
