@@ -29,6 +29,8 @@ from rich.table import Table
 from tqdm.auto import tqdm
 
 from experiments.aggregate import config_id
+from experiments.kv_whatif.stream import FILE as ACCESS_FILE
+from experiments.kv_whatif.stream import access_frame
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
 from experiments.recorder import Recorder
 from experiments.replay import MODES, Replay
@@ -249,6 +251,9 @@ def replay_specs(
     hydra = _hydra_info()
 
     recorder = (recorder or Recorder()).attach(engine)
+    # the prefix cache's block-access stream (experiments.kv_whatif): paged caches only
+    start_log = getattr(engine.kv, "start_access_log", None)
+    access_log = start_log() if start_log is not None and config_value(cfg, "metrics.kv_access_log", False) else None
     wandb = WandbLogger(config_value(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
     recorder.listeners.append(wandb.log_step)
     bar = tqdm(
@@ -297,6 +302,8 @@ def replay_specs(
         finally:
             bar.close()
             recorder.detach()
+            if access_log is not None:
+                engine.kv.stop_access_log()
 
         start = replay.start_time if replay.start_time is not None else engine.clock()
         end = replay.end_time if replay.end_time is not None else start
@@ -307,7 +314,7 @@ def replay_specs(
         )  # fmt: skip
         summary.update(spec_summary(engine))
         summary.update(executor_summary(engine))
-        tables = {}
+        tables = {} if access_log is None else {ACCESS_FILE: access_frame(access_log)}
         if isinstance(replay, SessionReplay):
             tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)
             summary.update(session_summary(tables["turns.parquet"], len(specs), replay.turns_cut))

@@ -10,6 +10,8 @@ and when that one is evicted the next takes its place, so every block counted as
 
 from collections.abc import Iterable
 
+from testbed.core.access_log import KVAccessLog
+
 
 class KVCacheBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "hit_count")
@@ -86,6 +88,7 @@ class BlockPool:
         self.duplicates: dict[int, list[KVCacheBlock]] = {}  # further blocks with that hash, in caching order
         self.num_cached_free = 0  # free blocks that still hold a cached prefix
         self.num_evictions = 0
+        self.access_log: KVAccessLog | None = None  # while a recorder wants the block-access stream
 
     @property
     def num_free_blocks(self) -> int:
@@ -160,12 +163,16 @@ class BlockPool:
                 self.free_queue.append(block)
                 if block.block_hash is not None:
                     self.num_cached_free += 1
+                if self.access_log is not None:
+                    self.access_log.release(block.block_hash)
 
     def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
         """Register a newly full block under its chained hash (a duplicate stays hittable, see above)."""
         if not self.enable_caching or block.block_hash is not None:
             return
         block.block_hash = block_hash
+        if self.access_log is not None:
+            self.access_log.cache(block_hash)
         first = self.hash_to_block.setdefault(block_hash, block)
         if first is not block:
             self.duplicates.setdefault(block_hash, []).append(block)

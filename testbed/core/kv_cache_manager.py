@@ -72,6 +72,8 @@ class KVCacheManager(KVAllocator):
             return [], 0  # prompt logprobs need every prompt position computed (as vLLM v1)
         max_hit_tokens = request.num_tokens - 1
         self._update_hashes(request, max_hit_tokens)
+        if self.pool.access_log is not None:
+            self.pool.access_log.mark()
         blocks = []
         for block_hash in request.block_hashes[: max_hit_tokens // self.block_size]:
             block = self.pool.get_cached_block(block_hash)
@@ -79,6 +81,24 @@ class KVCacheManager(KVAllocator):
                 break
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
+
+    def start_access_log(self):
+        """Record the block-access stream from now on (testbed.core.access_log); returns the log."""
+        from testbed.core.access_log import KVAccessLog
+
+        self.pool.access_log = KVAccessLog()
+        return self.pool.access_log
+
+    def stop_access_log(self) -> None:
+        self.pool.access_log = None
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int, request=None) -> None:
+        super().record_prefix_lookup(num_tokens, num_hit_tokens)
+        log = self.pool.access_log
+        if log is not None and request is not None:
+            eligible = (request.num_tokens - 1) // self.block_size
+            hashes = request.block_hashes[:eligible] if self.enable_prefix_caching else []
+            log.lookup(request.request_id, num_tokens, hashes)
 
     def can_allocate(
         self,

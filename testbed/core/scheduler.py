@@ -286,7 +286,7 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_cached
                 request.first_scheduled_time = now
-                self.kv.record_prefix_lookup(request.num_tokens, num_cached)
+                self.kv.record_prefix_lookup(request.num_tokens, num_cached, request)
             request.status = RequestStatus.RUNNING
             self._insert(self.running, request, now)
             if request.group is not None and not request.group.forked:

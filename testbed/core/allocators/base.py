@@ -190,7 +190,7 @@ class KVAllocator:
         return 0
 
     # ---- prefix-cache counters --------------------------------------------------------------------
-    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int, request=None) -> None:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit_tokens
 
