@@ -2,36 +2,35 @@
 
     python -m experiments.aggregate results/<experiment>/<sweep dir>     # (re)writes <dir>/sweep_ci.csv
 
-Which rows are repeats of one configuration: those with the same `config_id`, a hash of the run's
-resolved config without its seeds (`seed`, `trace.seed`, the keys `replay.repeat_seeds` varies), the
-repeat index and the output settings (`results`, `wandb`, `progress`). Runs made with
-`replay.repeats=N` and runs of a seed sweep (`python run.py -m seed=0,1,2 ...`) group alike. Older
-tables without the column are grouped by their config columns (dotted names) other than seeds.
+Which rows are repeats of one configuration: those with the same `config_id` (experiments.seeds: the
+resolved config without its seeds, repeat index and output settings). Runs made with `replay.repeats=N`
+and runs of a seed sweep (`python run.py -m seed=0,1,2 ...`) group alike. Older tables without the column
+are grouped by their config columns (dotted names) other than seeds.
 
 Per configuration and numeric summary metric (sweep_ci.csv, one row each):
     n                 runs aggregated
     mean, std         over the runs (the sweep.csv values)
-    ci_low, ci_high   95% confidence interval of the mean:
-      method t          run-level metrics (throughputs, means, KV shares, counts): Student t over the runs
-                        (run-to-run variation; none with a single run)
-      method bootstrap  latency percentiles (median, pNN of ttft / tpot / e2el / itl) of a single run:
-                        percentile bootstrap over its requests (ITL: over its inter-chunk gaps). It covers
-                        which requests the run happened to see, treating them as independent draws.
-      bootstrap + t     the same with several runs (requests resampled within each run; statistic: the
-                        mean over runs of each run's percentile, the reported mean), widened to contain
-                        the t interval too, since the bootstrap alone misses run-to-run variation
-                        (machine load shifts every request of a run alike). `ci_t_low` / `ci_t_high`
-                        always hold the t interval.
-The bootstrap is seeded, so the file is reproducible; its cost is bounded (resamples_for). A Hydra
-multirun rewrites the file when the sweep ends (AggregateCallback, conf/config.yaml); a run with
-replay.repeats > 1 when its repeats end.
+    ci_low, ci_high   95% confidence interval, by `method`:
+      t               several runs: Student t over the runs (run-to-run variation: the machine's, and the
+                      workload's when replay.redraw_workload). For a latency percentile it covers the
+                      mean over runs of each run's percentile, the reported mean.
+      order statistic one run, latency percentile (pNN / median of ttft, tpot, e2el): the distribution-free
+                      interval of the percentile from the run's requests (experiments.stats.
+                      quantile_interval), treating them as independent draws; it covers which requests
+                      the run happened to see, not run-to-run variation.
+      (none)          NaN ends and a `note` saying why: one run of a run-level metric; a percentile whose
+                      run has too few requests for an interval at 95% ("n too small for a p99 interval");
+                      one run's ITL percentiles (the gaps of one step are shared by its whole batch: not
+                      independent draws).
+    note              why there is no interval, or that several runs were identical (no variation
+                      measured: a deterministic executor repeated on one workload draw)
+A Hydra multirun rewrites the file when the sweep ends (AggregateCallback, conf/config.yaml); a run with
+replay.repeats > 1 writes its own when its repeats end (experiments.repeats).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import os
 import re
@@ -46,42 +45,24 @@ try:  # the runner extra; the rest of this module does not need Hydra
 except ImportError:  # pragma: no cover
     Callback = object
 
-from experiments.metrics import add_request_latencies, chunk_gaps, completed_mask
+from experiments.metrics import add_request_latencies, completed_mask
 from experiments.results import SWEEP_TABLE, read_sweep
-from experiments.stats import bootstrap_interval, percentile_of_strata, t_interval
+from experiments.seeds import SEED_KEYS, config_id
+from experiments.stats import quantile_interval, quantile_min_n, t_interval
+
+__all__ = ["aggregate", "config_id", "group_key", "wide", "write_aggregate"]
 
 CI_TABLE = "sweep_ci.csv"
 LEVEL = 0.95
-# config keys that differ between repeats of one configuration, or do not change what is measured
-NOT_CONFIG = ("seed", "trace.seed", "replay.repeat", "replay.repeats", "replay.repeat_seeds")
-NOT_CONFIG_TOP = ("results", "wandb", "progress")
 # sweep columns that are neither configuration nor metric
-INFO_COLUMNS = ("run_dir", "job_num", "overrides", "config_id", "repeat", "seed", "trace.seed", "replay.repeat")
-INFO_COLUMNS += ("replay.repeats", "replay.repeat_seeds")
+INFO_COLUMNS = ("run_dir", "job_num", "overrides", "config_id", "repeat", "redraw_workload", *SEED_KEYS)
+INFO_COLUMNS += ("replay.repeat", "replay.repeats", "replay.repeat_seeds", "replay.redraw_workload")
 NOT_METRICS = ("start_time", "end_time", "num_requests", "num_sent", "job_num", "repeat", "seed")
+SAMPLED = ("ttft", "tpot", "e2el")  # per-request latencies: one draw per request
 PERCENTILE = re.compile(r"^(median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
 
 
 # ---- which runs are one configuration ---------------------------------------------------------------
-def config_id(resolved: dict) -> str:
-    """Short hash of a resolved config (plain dict) without seeds, repeat index and output settings."""
-    cfg = json.loads(json.dumps(resolved, default=str))  # a deep copy of plain values
-    varied = list(NOT_CONFIG) + list(((cfg.get("replay") or {}).get("repeat_seeds")) or [])
-    for key in varied:
-        node, *path = key.split(".")
-        parent, name = cfg, key
-        if path:
-            parent = cfg.get(node)
-            for part in path[:-1]:
-                parent = parent.get(part) if isinstance(parent, dict) else None
-            name = path[-1]
-        if isinstance(parent, dict):
-            parent.pop(name, None)
-    for key in NOT_CONFIG_TOP:
-        cfg.pop(key, None)
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-
-
 def config_columns(table: pd.DataFrame) -> list[str]:
     """The sweep columns that describe a configuration (dotted config paths), seeds excluded."""
     return [c for c in table.columns if "." in c and c not in INFO_COLUMNS]
@@ -107,17 +88,15 @@ def metric_columns(table: pd.DataFrame) -> list[str]:
     ]
 
 
-# ---- per-request samples for the percentile bootstrap -----------------------------------------------
+# ---- per-request samples for one run's percentile intervals -----------------------------------------------
 def request_samples(run_dir: Path) -> dict[str, np.ndarray] | None:
-    """Completed requests' ttft / tpot / e2el (ms) and the inter-chunk gaps (itl, ms) of one run."""
+    """Completed requests' ttft / tpot / e2el (ms) of one run."""
     path = run_dir / "requests.parquet"
     if not path.exists():
         return None
     req = pd.read_parquet(path)
     done = add_request_latencies(req[completed_mask(req)])
-    out = {m: done[f"{m}_ms"].dropna().to_numpy(dtype=float) for m in ("ttft", "tpot", "e2el")}
-    out["itl"] = 1e3 * np.asarray([g for t in done["token_times"] for g in chunk_gaps(t)], dtype=float)
-    return out
+    return {m: done[f"{m}_ms"].dropna().to_numpy(dtype=float) for m in SAMPLED}
 
 
 def percentile_of(metric: str) -> tuple[str, float] | None:
@@ -128,17 +107,10 @@ def percentile_of(metric: str) -> tuple[str, float] | None:
     return m.group(3), 50.0 if m.group(1) == "median" else float(m.group(2))
 
 
-def resamples_for(num_samples: int, n_resamples: int, budget: float = 5e7) -> int:
-    """Bound the bootstrap's cost (resamples x samples): large samples (ITL gaps of long runs, hundreds of
-    thousands) get fewer resamples, at least 200; their intervals are narrow, so the Monte Carlo error
-    of the ends matters little."""
-    return max(200, min(n_resamples, int(budget // max(num_samples, 1))))
-
-
 # ---- the table --------------------------------------------------------------------------------------
-def aggregate(table: pd.DataFrame, base_dir: Path | None = None, n_resamples: int = 2000) -> pd.DataFrame:
+def aggregate(table: pd.DataFrame, base_dir: Path | None = None) -> pd.DataFrame:
     """sweep_ci rows (module doc) for every configuration and metric of a sweep table. base_dir: the
-    folder run_dir paths are relative to (for the per-request bootstrap); None: no bootstrap."""
+    folder run_dir paths are relative to (for one run's percentile intervals); None: none of those."""
     table = table.reset_index(drop=True)
     keys = group_key(table)
     metrics = metric_columns(table)
@@ -146,51 +118,64 @@ def aggregate(table: pd.DataFrame, base_dir: Path | None = None, n_resamples: in
     rows = []
     for key, group in table.groupby(keys, sort=False):
         samples = None
-        if base_dir is not None and "run_dir" in group:
-            loaded = [request_samples(Path(base_dir) / str(d)) for d in group["run_dir"]]
-            samples = loaded if all(s is not None for s in loaded) else None
+        if len(group) == 1 and base_dir is not None and "run_dir" in group:
+            samples = request_samples(Path(base_dir) / str(group["run_dir"].iloc[0]))
         head = {"config_id": key, **{c: group[c].iloc[0] for c in cfg_cols}}
         for metric in metrics:
             values = group[metric].to_numpy(dtype=float)
             values = values[np.isfinite(values)]
             if values.size == 0:
                 continue
-            lo_t, hi_t = t_interval(values, LEVEL)
             row = {
                 **head,
                 "metric": metric,
                 "n": int(values.size),
                 "mean": float(values.mean()),
                 "std": float(values.std(ddof=1)) if values.size > 1 else math.nan,
-                "ci_low": lo_t,
-                "ci_high": hi_t,
-                "method": "t",
-                "ci_t_low": lo_t,
-                "ci_t_high": hi_t,
+                **interval(metric, values, samples),
             }
-            pct = percentile_of(metric)
-            if pct is not None and samples is not None:
-                name, q = pct
-                strata = [s[name] for s in samples]
-                if all(len(s) for s in strata):
-                    resamples = resamples_for(sum(len(s) for s in strata), n_resamples)
-                    lo, hi = bootstrap_interval(strata, percentile_of_strata(q), LEVEL, resamples, seed=0)
-                    row["method"] = "bootstrap"
-                    if values.size > 1:  # also cover run-to-run variation: the union with the t interval
-                        lo, hi, row["method"] = min(lo, lo_t), max(hi, hi_t), "bootstrap + t"
-                    row["ci_low"], row["ci_high"] = lo, hi
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def write_aggregate(sweep: str | Path, n_resamples: int = 2000) -> Path | None:
+def interval(metric: str, values: np.ndarray, samples: dict[str, np.ndarray] | None) -> dict:
+    """ci_low, ci_high, method and note of one metric of one configuration (module doc)."""
+    out = {"ci_low": math.nan, "ci_high": math.nan, "method": "", "note": ""}
+    if values.size > 1:
+        out["ci_low"], out["ci_high"] = t_interval(values, LEVEL)
+        out["method"] = "t"
+        if np.all(values == values[0]):
+            out["note"] = f"{values.size} identical runs: no variation measured"
+        return out
+    pct = percentile_of(metric)
+    if pct is None:
+        out["note"] = "one run: no interval (replay.repeats=N)"
+        return out
+    name, q = pct
+    label = "median" if metric.startswith("median") else f"p{q:g}"
+    if name not in SAMPLED:
+        out["note"] = f"one run: no {label} {name} interval (the gaps of one step are shared by its batch)"
+        return out
+    if samples is None or not len(samples.get(name, ())):
+        out["note"] = "one run: no interval (its requests.parquet is missing)"
+        return out
+    lo, hi = quantile_interval(samples[name], q, LEVEL)
+    if math.isnan(lo):
+        n, need = len(samples[name]), quantile_min_n(q, LEVEL)
+        out["note"] = f"n too small for a {label} interval ({n} requests; {need} needed at {LEVEL:.0%})"
+        return out
+    out.update(ci_low=lo, ci_high=hi, method="order statistic")
+    return out
+
+
+def write_aggregate(sweep: str | Path) -> Path | None:
     """Rewrite <dir>/sweep_ci.csv from <dir>/sweep.csv (atomic replace); None if there is no table."""
     sweep = Path(sweep)
     table_path = sweep if sweep.suffix == ".csv" else sweep / SWEEP_TABLE
     if not table_path.exists():
         return None
     out = table_path.with_name(CI_TABLE)
-    agg = aggregate(read_sweep(table_path), table_path.parent, n_resamples)
+    agg = aggregate(read_sweep(table_path), table_path.parent)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     agg.to_csv(tmp, index=False)
     os.replace(tmp, out)
@@ -225,9 +210,8 @@ class AggregateCallback(Callback):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", help="a sweep folder (with sweep.csv) or the sweep.csv itself")
-    ap.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     args = ap.parse_args(argv)
-    out = write_aggregate(args.sweep, args.resamples)
+    out = write_aggregate(args.sweep)
     if out is None:
         raise SystemExit(f"no {SWEEP_TABLE} in {args.sweep}")
     print(out)

@@ -1,24 +1,28 @@
-"""Paired comparison of two runs (or two sweeps of repeats) on the same trace: is A better than B?
+"""Is A better than B? Two runs, two repeated runs, or one configuration from each of two sweeps.
 
-    python -m experiments.compare RUN_OR_SWEEP_A RUN_OR_SWEEP_B [--where scheduler.name=fcfs] [--top 5]
+    python -m experiments.compare A B [--where scheduler.name=fcfs] [--where-a K=V] [--where-b K=V] [--top 5]
 
-A side is a run folder (summary.json) or a sweep folder (sweep.csv) whose runs are repeats of one
-configuration (`--where KEY=VALUE` picks one out of a larger sweep). Repeat i of A is paired with
-repeat i of B, and within a pair request r with request r (the same request ids: the same trace).
+A side is a run folder (summary.json), a repeated run's folder (`replay.repeats=N`: its own sweep.csv) or
+a sweep folder whose runs are repeats of one configuration (`--where KEY=VALUE` picks one out of a larger
+sweep). Repeat i of A is paired with repeat i of B (in a seed sweep: the same seed); repeats with the same
+index got the same seeds, so when their requests are the same (ids, trace arrivals, lengths) the design is
+paired, else unpaired.
 
-Per-request latencies (TTFT, TPOT, E2EL; completed in both): for the mean and each percentile, the
-difference A - B with a paired percentile-bootstrap interval (request pairs resampled together). That
-interval covers which requests were sampled, not run-to-run variation (machine load shifts every
-request of a run alike): with >= 2 repeat pairs it is widened to also contain the paired t interval of
-the per-pair differences; with one run per side the output says so. Run-level metrics (throughputs,
-goodput): the paired t interval of the per-repeat differences (needs >= 2 repeats each). The verdict:
-"A better" / "B better" when the interval excludes 0, otherwise "no significant difference". The
-intervals are family-wise: each at 1 - 0.05/k for k comparisons (Bonferroni), so that all verdicts
-together are wrong with probability <= 5%.
-
-Then the requests whose latency changed most, with what changed for them: queueing delay (arrival to
-first scheduling), preemptions, prefill chunks (steps that prefilled it, recomputation included: from
-steps.parquet's prefill_ids) and steps it was scheduled in.
+Per metric (mean, p50, p99 of TTFT / TPOT / E2EL over the requests completed on both sides; output and
+request throughput, goodput), the difference A - B and a test of "no difference":
+  paired t     >= 2 pairs on the same requests: Student t on the per-pair differences of the statistic
+               (each pair is one draw of the run-to-run noise; same requests cancel the workload's share)
+  Welch t      >= 2 runs per side on different workloads (e.g. redrawn per repeat but unpaired)
+  bootstrap    one simulated run per side on the same requests: paired percentile bootstrap over the
+               requests (the simulator has no run-to-run noise; this covers which requests were drawn)
+  no verdict   one run per side of a machine-timed executor (real engine, null executor): run-to-run
+               noise is not measured, so only the observed difference is reported
+Verdicts are family-wise at 5%: Holm's step-down over the tested metrics (Holm 1979; rejects whatever
+Bonferroni rejects, and more). Each interval is the metric's own 95% interval. "detectable" is the
+difference this comparison would have found with 80% power at Holm's strictest level (noncentral t; the
+bootstrap's normal approximation), in % of B: "no significant difference" then reads "nothing larger than
+that". Then the requests whose latency changed most, with what changed for them: queueing delay,
+preemptions, prefill chunks and steps it was scheduled in (experiments.compare_requests).
 """
 
 from __future__ import annotations
@@ -31,16 +35,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from experiments.aggregate import group_key
-from experiments.metrics import add_request_latencies, completed_mask
+from experiments.compare_requests import LATENCY, explain, paired_requests, request_table, same_workload
 from experiments.results import SWEEP_TABLE, load_run, read_sweep
-from experiments.stats import DEFAULT_RESAMPLES, bootstrap_interval, t_interval
+from experiments.stats import DEFAULT_RESAMPLES, bootstrap, detectable_effect, holm, t_test, welch_test
 
-LATENCY = ("ttft", "tpot", "e2el")  # per request, lower is better
 RUN_METRICS = ("output_throughput", "request_throughput", "request_goodput")  # per run, higher is better
 STATISTICS = ("mean", "p50", "p99")
 ALPHA = 0.05
+POWER = 0.8
+SAME = "no significant difference"
 
 
 class CompareError(ValueError):
@@ -60,9 +66,10 @@ class Run:
 class Comparison:
     a: str
     b: str
-    pairs: int  # repeat pairs
-    requests: int  # request pairs, over all repeat pairs
-    table: pd.DataFrame  # one row per metric and statistic
+    pairs: int  # run pairs
+    requests: int  # request pairs, over all run pairs (0 when the workloads differ)
+    design: str  # paired | unpaired
+    table: pd.DataFrame  # one row per metric
     changed: pd.DataFrame  # the requests whose latency changed most, and why
     notes: list[str] = field(default_factory=list)
 
@@ -74,14 +81,28 @@ class Comparison:
         lines = [
             f"A = {self.a}",
             f"B = {self.b}",
-            f"{self.pairs} repeat pair(s), {self.requests} request pairs; intervals family-wise "
-            f"{1 - ALPHA:.0%} (Bonferroni over {int(t['tested'].sum())} comparisons)",
+            f"{self.pairs} run pair(s), {self.design}; {self.requests} request pairs; verdicts family-wise "
+            f"{ALPHA:.0%} (Holm over {int(t['tested'].sum())} tested metrics)",
             "",
-            f"{'metric':<24} {'A':>11} {'B':>11} {'A - B':>11} {'interval of A - B':>25}  verdict",
+            f"{'metric':<20} {'A':>10} {'B':>10} {'A - B':>10} {'%':>7} {'95% interval of A - B':>23} "
+            f"{'p (Holm)':>8} {'detectable':>10}  verdict",
         ]
         for r in t.itertuples():
-            ci = "" if math.isnan(r.ci_low) else f"[{r.ci_low:10.2f}, {r.ci_high:10.2f}]"
-            lines.append(f"{r.metric:<24} {r.a:11.2f} {r.b:11.2f} {r.diff:11.2f} {ci:>25}  {r.verdict}")
+            ci = "" if math.isnan(r.ci_low) else f"[{r.ci_low:9.2f}, {r.ci_high:9.2f}]"
+            p = "" if math.isnan(r.p_holm) else f"{r.p_holm:.3g}"
+            mde = "" if math.isnan(r.detectable_pct) else f"{r.detectable_pct:.1f}%"
+            lines.append(
+                f"{r.metric:<20} {r.a:10.2f} {r.b:10.2f} {r.diff:10.2f} {r.diff_pct:6.1f}% {ci:>23} {p:>8} "
+                f"{mde:>10}  {r.verdict}"
+            )
+        same = t[t["verdict"] == SAME]
+        if len(same) and same["detectable_pct"].notna().any():
+            lines += [
+                "",
+                f"no significant difference in {len(same)} metric(s): this comparison could have detected "
+                f"differences larger than {same['detectable_pct'].min():.1f}% to {same['detectable_pct'].max():.1f}% "
+                f"(80% power)",
+            ]
         lines.append("")
         lines += [f"{m}: {', '.join(t.loc[t['method'] == m, 'metric'])}" for m in t["method"].unique()]
         if len(self.changed):
@@ -90,6 +111,18 @@ class Comparison:
                 change = f"{r.metric} {r.a_ms:.0f} -> {r.b_ms:.0f} ms"
                 lines.append(f"  {r.request_id} (repeat {r.repeat}): {change}; {r.why}")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def to_dict(self) -> dict:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "pairs": self.pairs,
+            "requests": self.requests,
+            "design": self.design,
+            "metrics": self.table.to_dict(orient="records"),
+            "changed": self.changed.to_dict(orient="records"),
+            "notes": self.notes,
+        }
 
 
 # ---- loading ----------------------------------------------------------------------------------------
@@ -104,28 +137,33 @@ def _parse_where(where: list[str] | None) -> dict[str, str]:
 
 
 def load_side(path: str | Path, where: dict[str, str] | None = None) -> list[Run]:
-    """The runs of one side: a run folder, or the runs of one configuration in a sweep folder."""
+    """The runs of one side: a run folder, or the runs of one configuration in a (repeated run's) sweep table."""
     path = Path(path)
+    if (path / SWEEP_TABLE).exists():
+        return _sweep_runs(path, where)
     if (path / "summary.json").exists():
+        if where:
+            raise CompareError(f"{path}: --where applies to a sweep folder; this is a single run")
         summary, requests, steps = load_run(path)
         return [Run(path, int(summary.get("repeat") or 0), summary, requests, steps)]
-    if not (path / SWEEP_TABLE).exists():
-        raise CompareError(f"{path}: neither a run folder (summary.json) nor a sweep folder ({SWEEP_TABLE})")
+    raise CompareError(f"{path}: neither a run folder (summary.json) nor a sweep or repeated run ({SWEEP_TABLE})")
+
+
+def _sweep_runs(path: Path, where: dict[str, str] | None) -> list[Run]:
     table = read_sweep(path)
     for key, value in (where or {}).items():
         if key not in table:
             raise CompareError(f"--where {key}: no such column in {path / SWEEP_TABLE}")
         table = table[table[key].astype(str) == value]
     if table.empty:
-        raise CompareError(f"{path}: no runs match {where}")
+        raise CompareError(f"{path}: no complete runs match {where or 'its sweep table'}")
     keys = group_key(table)
     if keys.nunique() > 1:
         varying = [c for c in table.columns if "." in c and table[c].astype(str).nunique() > 1]
         raise CompareError(
             f"{path} holds {keys.nunique()} configurations (differing in {varying}); pick one with --where KEY=VALUE"
         )
-    # which replicate a run is: its repeat index, or its seed in a seed sweep (where every repeat index
-    # is 0), or its position
+    # which replicate a run is: its repeat index, or its seed in a seed sweep (every repeat index 0)
     replicate = list(range(len(table)))
     for column in ("repeat", "seed"):
         if column in table and table[column].notna().all() and table[column].is_unique:
@@ -151,46 +189,7 @@ def pair_runs(a: list[Run], b: list[Run]) -> tuple[list[tuple[Run, Run]], list[s
     return list(zip(a[:n], b[:n])), notes
 
 
-# ---- per-request table ------------------------------------------------------------------------------
-def _prefill_chunks(steps: pd.DataFrame) -> pd.Series:
-    if "prefill_ids" not in steps or steps.empty:
-        return pd.Series(dtype=float)
-    return steps["prefill_ids"].explode().dropna().value_counts()
-
-
-def _scheduled_steps(steps: pd.DataFrame) -> pd.Series:
-    if "scheduled_ids" not in steps or steps.empty:
-        return pd.Series(dtype=float)
-    return steps["scheduled_ids"].explode().dropna().value_counts()
-
-
-def request_table(run: Run) -> pd.DataFrame:
-    """Completed requests with latencies (ms) and what happened to them."""
-    req = add_request_latencies(run.requests[completed_mask(run.requests)])
-    req = req.set_index("request_id")
-    out = req[[f"{m}_ms" for m in LATENCY] + ["num_preemptions"]].copy()
-    out["queue_ms"] = 1e3 * (req["first_scheduled_time"] - req["arrival_time"])
-    out["prefill_chunks"] = _prefill_chunks(run.steps).reindex(out.index)
-    out["scheduled_steps"] = _scheduled_steps(run.steps).reindex(out.index)
-    return out
-
-
-def paired_requests(pairs: list[tuple[Run, Run]]) -> pd.DataFrame:
-    frames = []
-    for pair, (ra, rb) in enumerate(pairs):
-        ta, tb = request_table(ra), request_table(rb)
-        joined = ta.merge(tb, how="inner", left_index=True, right_index=True, suffixes=("_a", "_b"))
-        if joined.empty:
-            raise CompareError(
-                f"{ra.path} and {rb.path} share no completed request ids: a paired comparison needs the same trace"
-            )
-        joined.insert(0, "pair", pair)
-        joined.insert(1, "repeat", ra.repeat)
-        frames.append(joined.reset_index())
-    return pd.concat(frames, ignore_index=True)
-
-
-# ---- the comparison ---------------------------------------------------------------------------------
+# ---- the statistics ---------------------------------------------------------------------------------
 def _stat(name: str):
     if name == "mean":
         return lambda x, axis=-1: np.mean(x, axis=axis)
@@ -198,13 +197,89 @@ def _stat(name: str):
     return lambda x, axis=-1: np.percentile(x, q, axis=axis)
 
 
-def _verdict(lo: float, hi: float, higher_is_better: bool) -> str:
-    if math.isnan(lo):
-        return "not tested (one run each: use replay.repeats=N)"
-    if lo > 0 or hi < 0:
-        a_larger = lo > 0
-        return "A better" if a_larger == higher_is_better else "B better"
-    return "no significant difference"
+def _machine_timed(runs: list[Run]) -> bool:
+    """Whether the runs' times come from this machine's clock (anything but the simulator's virtual one)."""
+    return any(r.summary.get("executor", "real") != "sim" for r in runs)
+
+
+def _latency_rows(pairs, paired: bool, statistics) -> list[dict]:
+    tables = [(request_table(a.requests, a.steps), request_table(b.requests, b.steps)) for a, b in pairs]
+    rows = []
+    for metric in LATENCY:
+        col = f"{metric}_ms"
+        for stat in statistics:
+            f = _stat(stat)
+            xa, xb = [], []  # per pair: A's and B's values (paired: the requests completed on both)
+            for ta, tb in tables:
+                va, vb = ta[col].dropna(), tb[col].dropna()
+                if paired:
+                    both = va.index.intersection(vb.index)
+                    va, vb = va.loc[both], vb.loc[both]
+                xa.append(va.to_numpy(float))
+                xb.append(vb.to_numpy(float))
+            if any(len(x) == 0 for x in xa + xb):
+                continue
+            rows.append(
+                {
+                    "metric": f"{stat}_{metric}_ms",
+                    "va": np.array([f(x) for x in xa]),
+                    "vb": np.array([f(x) for x in xb]),
+                    "samples": (xa[0], xb[0]),
+                    "stat": f,
+                    "higher_is_better": False,
+                }
+            )
+    return rows
+
+
+def _run_rows(pairs) -> list[dict]:
+    rows = []
+    for metric in RUN_METRICS:
+        va = [p[0].summary.get(metric) for p in pairs]
+        vb = [p[1].summary.get(metric) for p in pairs]
+        if any(v is None for v in va + vb):
+            continue
+        rows.append({"metric": metric, "va": np.asarray(va, float), "vb": np.asarray(vb, float)})
+        rows[-1]["higher_is_better"] = True
+    return rows
+
+
+def _test(r: dict, paired: bool, machine: bool, n_resamples: int, seed: int) -> dict:
+    """p, standard error, df, 95% interval and method of one metric's A - B."""
+    k = len(r["va"])
+    diff = float(r["va"].mean() - r["vb"].mean())
+    out = {"p": math.nan, "se": math.nan, "df": 0.0, "ci_low": math.nan, "ci_high": math.nan}
+    if paired and k >= 2:
+        p, se, df = t_test(r["va"] - r["vb"])
+        out.update(p=p, se=se, df=df, method="paired t over run pairs")
+    elif not paired and k >= 2:
+        p, se, df = welch_test(r["va"], r["vb"])
+        out.update(p=p, se=se, df=df, method="Welch t over runs")
+    elif machine:
+        return {**out, "method": "no verdict: one run per side (run-to-run noise not measured)"}
+    elif not paired or "samples" not in r:
+        why = "different workloads" if not paired else "a run-level figure"
+        return {**out, "method": f"no verdict: one simulated run per side ({why})"}
+    else:
+        stat = r["stat"]
+        lo, hi, dist = bootstrap(
+            r["samples"],
+            lambda x, y, axis=-1: stat(x, axis=axis) - stat(y, axis=axis),
+            1 - ALPHA,
+            n_resamples,
+            seed,
+            paired=True,
+        )
+        if dist.size == 0 or np.all(dist == dist[0]):  # no variation: identical or constant differences
+            out.update(p=1.0 if diff == 0 else 0.0, se=0.0, df=math.inf, ci_low=lo, ci_high=hi)
+        else:
+            tail = min(np.mean(dist <= 0), np.mean(dist >= 0))
+            p = min(1.0, 2 * (tail * dist.size + 1) / (dist.size + 1))
+            out.update(p=p, se=float(dist.std(ddof=1)), df=math.inf, ci_low=lo, ci_high=hi)
+        return {**out, "method": "paired bootstrap over requests (one simulated run per side)"}
+    crit = float(sps.t.ppf(1 - ALPHA / 2, out["df"])) if out["se"] > 0 else 0.0
+    out["ci_low"], out["ci_high"] = diff - crit * out["se"], diff + crit * out["se"]
+    return out
 
 
 def compare(
@@ -216,133 +291,80 @@ def compare(
     top: int = 5,
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    metrics: list[str] | None = None,
 ) -> Comparison:
+    """metrics: the family to test (default: every latency statistic and run metric); a smaller family
+    chosen before looking has more power."""
     runs_a, runs_b = load_side(a, where_a), load_side(b, where_b)
     pairs, notes = pair_runs(runs_a, runs_b)
-    req = paired_requests(pairs)
-    rows = []
-    for metric in LATENCY:
-        for stat in statistics:
-            both = req[["pair", f"{metric}_ms_a", f"{metric}_ms_b"]].dropna()
-            f = _stat(stat)
-            xa, xb = both.iloc[:, 1].to_numpy(float), both.iloc[:, 2].to_numpy(float)
-            per_pair = [
-                f(g.iloc[:, 1].to_numpy(float)) - f(g.iloc[:, 2].to_numpy(float)) for _, g in both.groupby("pair")
-            ]
-            rows.append(
-                {
-                    "metric": f"{stat}_{metric}_ms",
-                    "a": float(f(xa)) if len(xa) else math.nan,
-                    "b": float(f(xb)) if len(xb) else math.nan,
-                    "samples": (xa, xb),
-                    "diffs": np.asarray(per_pair, float),
-                    "stat": f,
-                    "higher_is_better": False,
-                }
-            )
-    for metric in RUN_METRICS:
-        va = [p[0].summary.get(metric) for p in pairs]
-        vb = [p[1].summary.get(metric) for p in pairs]
-        if any(v is None for v in va + vb):
-            continue
-        rows.append(
-            {
-                "metric": metric,
-                "a": float(np.mean(va)),
-                "b": float(np.mean(vb)),
-                "diffs": np.asarray(va, float) - np.asarray(vb, float),
-                "higher_is_better": True,
-            }
-        )
-    tested = [("samples" in r and len(r["samples"][0]) > 0) or len(r["diffs"]) >= 2 for r in rows]
-    level = 1 - ALPHA / max(1, sum(tested))
+    paired = all(same_workload(ra.requests, rb.requests) for ra, rb in pairs)
+    machine = _machine_timed(runs_a + runs_b)
+    rows = _latency_rows(pairs, paired, statistics) + _run_rows(pairs)
+    if metrics:
+        unknown = set(metrics) - {r["metric"] for r in rows}
+        if unknown:
+            raise CompareError(f"--metric: {sorted(unknown)} not among {[r['metric'] for r in rows]}")
+        rows = [r for r in rows if r["metric"] in metrics]
+    tests = [_test(r, paired, machine, n_resamples, seed) for r in rows]
+    adjusted = holm([t["p"] for t in tests], ALPHA)
+    family = int(np.isfinite(adjusted).sum())
     out = []
-    for r, is_tested in zip(rows, tested):
-        lo, hi, method = math.nan, math.nan, "not tested"
-        if is_tested and "samples" in r:
-            stat = r["stat"]
-            lo, hi = bootstrap_interval(
-                r["samples"],
-                lambda x, y, axis=-1, stat=stat: stat(x, axis=axis) - stat(y, axis=axis),
-                level,
-                n_resamples,
-                seed,
-                paired=True,
-            )
-            method = "paired bootstrap over requests"
-            if len(r["diffs"]) >= 2:  # widen to cover run-to-run variation too
-                t_lo, t_hi = t_interval(r["diffs"], level)
-                lo, hi, method = min(lo, t_lo), max(hi, t_hi), method + " + paired t over repeats"
-        elif is_tested:
-            lo, hi = t_interval(r["diffs"], level)
-            method = "paired t over repeats"
+    for r, t, p_holm in zip(rows, tests, adjusted):
+        av, bv = float(r["va"].mean()), float(r["vb"].mean())
+        diff = av - bv
+        mde = detectable_effect(t["se"], t["df"], ALPHA / max(family, 1), POWER)
+        if math.isnan(p_holm):
+            verdict = t["method"].split(":")[0] + (": observed difference only" if machine else "")
+        elif p_holm <= ALPHA:
+            verdict = "A better" if (diff > 0) == r["higher_is_better"] else "B better"
+        else:
+            verdict = SAME
         out.append(
             {
                 "metric": r["metric"],
-                "a": r["a"],
-                "b": r["b"],
-                "diff": r["a"] - r["b"],
-                "ci_low": lo,
-                "ci_high": hi,
-                "verdict": _verdict(lo, hi, r["higher_is_better"]),
-                "method": method,
-                "tested": is_tested,
+                "a": av,
+                "b": bv,
+                "diff": diff,
+                "diff_pct": 100 * diff / abs(bv) if bv else math.nan,
+                "ci_low": t["ci_low"],
+                "ci_high": t["ci_high"],
+                "p": t["p"],
+                "p_holm": p_holm,
+                "detectable": mde,
+                "detectable_pct": 100 * mde / abs(bv) if bv else math.nan,
+                "verdict": verdict,
+                "method": t["method"],
+                "tested": bool(np.isfinite(p_holm)),
             }
         )
-    if len(pairs) == 1:
+    if len(pairs) == 1 and machine:
         notes.append(
-            "one run per side: the latency intervals cover request sampling only, not run-to-run variation "
-            "(machine load); repeat both (replay.repeats=N) before reading a difference as the configuration's"
+            "one run per side: run-to-run (machine) noise is not measured, so there is no verdict, only the "
+            "observed difference; repeat both (replay.repeats=N, N >= 5) for one"
         )
-    table = pd.DataFrame(out)
-    changed = explain(req, top)
-    return Comparison(str(a), str(b), len(pairs), len(req), table, changed, notes)
-
-
-def explain(req: pd.DataFrame, top: int, metric: str = "e2el") -> pd.DataFrame:
-    """The `top` request pairs whose `metric` changed most, with the differences that explain it."""
-    if top <= 0 or req.empty:
-        return pd.DataFrame()
-    delta = (req[f"{metric}_ms_b"] - req[f"{metric}_ms_a"]).abs()
-    rows = []
-    for i in delta.nlargest(top).index:
-        r = req.loc[i]
-        reasons = []
-        dq = r["queue_ms_b"] - r["queue_ms_a"]
-        if abs(dq) >= 1:
-            reasons.append(f"queueing {r['queue_ms_a']:.0f} -> {r['queue_ms_b']:.0f} ms")
-        if r["num_preemptions_a"] != r["num_preemptions_b"]:
-            reasons.append(f"preemptions {int(r['num_preemptions_a'])} -> {int(r['num_preemptions_b'])}")
-        for col, what in (("prefill_chunks", "prefill chunks"), ("scheduled_steps", "steps scheduled")):
-            ca, cb = r.get(f"{col}_a"), r.get(f"{col}_b")
-            if pd.notna(ca) and pd.notna(cb) and ca != cb:
-                reasons.append(f"{what} {int(ca)} -> {int(cb)}")
-        rows.append(
-            {
-                "request_id": r["request_id"],
-                "repeat": int(r["repeat"]),
-                "metric": metric,
-                "a_ms": r[f"{metric}_ms_a"],
-                "b_ms": r[f"{metric}_ms_b"],
-                "queue_ms_a": r["queue_ms_a"],
-                "queue_ms_b": r["queue_ms_b"],
-                "preemptions_a": r["num_preemptions_a"],
-                "preemptions_b": r["num_preemptions_b"],
-                "prefill_chunks_a": r.get("prefill_chunks_a"),
-                "prefill_chunks_b": r.get("prefill_chunks_b"),
-                "why": "; ".join(reasons) or "same queueing, preemptions and chunks: slower steps",
-            }
-        )
-    return pd.DataFrame(rows)
+    if not paired:
+        notes.append("the sides ran different requests: unpaired comparison over runs (no request pairs)")
+    req = paired_requests(pairs) if paired else pd.DataFrame()
+    return Comparison(
+        str(a),
+        str(b),
+        len(pairs),
+        len(req),
+        "paired" if paired else "unpaired",
+        pd.DataFrame(out),
+        explain(req, top),
+        notes,
+    )
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("a", help="run folder or sweep folder (repeats of one configuration)")
+    ap.add_argument("a", help="run folder, repeated run's folder, or sweep folder (one configuration)")
     ap.add_argument("b")
     ap.add_argument("--where", action="append", help="KEY=VALUE filter on both sweeps' rows (repeatable)")
     ap.add_argument("--where-a", action="append", help="KEY=VALUE filter on A's rows only")
     ap.add_argument("--where-b", action="append", help="KEY=VALUE filter on B's rows only")
+    ap.add_argument("--metric", action="append", help="test only these metrics (repeatable; default: all)")
     ap.add_argument("--top", type=int, default=5, help="requests to explain (default 5)")
     ap.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES)
     ap.add_argument("--json", help="also write the comparison to this JSON file")
@@ -356,21 +378,13 @@ def main(argv=None) -> None:
             {**both, **_parse_where(args.where_b)},
             top=args.top,
             n_resamples=args.resamples,
+            metrics=args.metric,
         )
     except CompareError as e:
         raise SystemExit(f"experiments.compare: {e}") from None
     print(result.text())
     if args.json:
-        data = {
-            "a": result.a,
-            "b": result.b,
-            "pairs": result.pairs,
-            "requests": result.requests,
-            "metrics": result.table.to_dict(orient="records"),
-            "changed": result.changed.to_dict(orient="records"),
-            "notes": result.notes,
-        }
-        Path(args.json).write_text(json.dumps(data, indent=2, default=float) + "\n")
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=float) + "\n")
 
 
 if __name__ == "__main__":

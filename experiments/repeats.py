@@ -1,12 +1,19 @@
-"""`replay.repeats=N`: run one configuration N times, each in <run dir>/repeat<i>/, with its own seeds.
+"""`replay.repeats=N`: run one configuration N times, each in <run dir>/repeat<i>/, with its own draws.
 
 Repeat i sets replay.repeat=i and adds i to every key in replay.repeat_seeds (default [seed]: the engine's
-seed; add trace.seed to redraw a synthetic trace per repeat). Each repeat builds a fresh engine (the
-first reuses the one it was given), so nothing carries over between them but warm-up effects of the
-process (first-call costs fall on repeat 0; compare repeats, not repeat 0 against a later run, when
-that matters). Every repeat appends its row to the sweep table the single run would have used, with
-its repeat index, seeds and config_id; when all are done, sweep_ci.csv is rewritten next to it
-(experiments.aggregate), except in a Hydra multirun, whose callback writes it once at the end.
+sampling, random weights and the simulator's acceptance draws) and, when replay.redraw_workload is true,
+to the workload's seeds (experiments.seeds.WORKLOAD_SEEDS: trace.seed, so a synthesised workload's
+arrivals, lengths and token ids are drawn anew). Null means true for the simulator (a virtual clock:
+repeats of one workload would be copies) or when repeat_seeds names a workload seed, else false (repeats
+measure this machine's noise on the same requests); each repeat's config records the value it ran with.
+Repeat i of two configurations gets the same seeds, so experiments.compare pairs them.
+
+Each repeat builds a fresh engine (the first reuses the one it was given), so nothing carries over between
+them but warm-up effects of the process (first-call costs fall on repeat 0). The run folder is a unit:
+<run dir>/sweep.csv holds its repeats' rows and <run dir>/sweep_ci.csv their intervals
+(experiments.aggregate), so `python -m experiments.compare A B` takes two such folders. Each row is also
+appended to the sweep table a single run would use (results.sweep_table, else the folder above), so a
+multirun's table holds every repeat of every job (its callback writes that table's intervals at the end).
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from experiments.aggregate import write_aggregate
-from experiments.results import SWEEP_TABLE
+from experiments.aggregate import CI_TABLE, write_aggregate
+from experiments.results import SWEEP_TABLE, append_sweep_row, read_sweep
+from experiments.seeds import WORKLOAD_SEEDS, redraw_workload
 
 
 def _get(cfg, path: str):
@@ -52,8 +60,19 @@ def repeat_count(cfg) -> int:
 
 
 def repeat_configs(cfg, n: int) -> list:
-    """Copies of cfg for repeats 0..n-1 (replay.repeat set, seed keys offset by the index)."""
+    """Copies of cfg for repeats 0..n-1 (replay.repeat set, replay.redraw_workload resolved, seed keys
+    offset by the index)."""
     keys = list(_get(cfg, "replay.repeat_seeds") or ["seed"])
+    plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    redraw = redraw_workload(plain)
+    workload = [k for k in WORKLOAD_SEEDS if _get(cfg, k) is not None]
+    if not redraw and (pinned := [k for k in keys if k in WORKLOAD_SEEDS]):
+        raise ValueError(
+            f"replay.repeat_seeds redraws {pinned} but replay.redraw_workload=false: drop them, or set "
+            "replay.redraw_workload=true"
+        )
+    if redraw:
+        keys += [k for k in workload if k not in keys]
     base = {}
     for key in keys:
         value = _get(cfg, key)
@@ -64,6 +83,7 @@ def repeat_configs(cfg, n: int) -> list:
     for i in range(n):
         c = copy.deepcopy(cfg)
         _set(c, "replay.repeat", i)
+        _set(c, "replay.redraw_workload", redraw)
         for key, value in base.items():
             _set(c, key, value + i)
         out.append(c)
@@ -71,25 +91,35 @@ def repeat_configs(cfg, n: int) -> list:
 
 
 def run_repeats(cfg, run_dir: str | Path, engine=None) -> dict:
-    """Run the N repeats; returns {"repeats": N, "summaries": [...], "sweep_ci": path}."""
+    """Run the N repeats; returns {"repeats": N, "summaries": [...], "sweep_ci": <run dir>/sweep_ci.csv}."""
     from experiments.runner import build_engine, config_value, run_trace
 
     run_dir = Path(run_dir)
-    table = Path(config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE)
+    own = run_dir / SWEEP_TABLE
+    outer = Path(config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE)
+    configs = repeat_configs(cfg, repeat_count(cfg))
+    for stale in (own, run_dir / CI_TABLE):  # a folder run into again holds only the new repeats
+        stale.unlink(missing_ok=True)
     summaries = []
-    for i, c in enumerate(repeat_configs(cfg, repeat_count(cfg))):
-        _set(c, "results.sweep_table", str(table))
-        summaries.append(run_trace(c, run_dir / f"repeat{i}", engine if i == 0 and engine else build_engine(c)))
-    # in a multirun the sweep's callback writes sweep_ci.csv once, when every job is done
-    ci = None if _in_multirun() else write_aggregate(table)
+    for i, c in enumerate(configs):
+        _set(c, "results.sweep_table", str(own))
+        try:
+            summaries.append(run_trace(c, run_dir / f"repeat{i}", engine if i == 0 and engine else build_engine(c)))
+        finally:
+            if outer.resolve() != own.resolve():
+                _copy_last_row(own, outer)
+    ci = write_aggregate(own)
     return {"repeats": len(summaries), "summaries": summaries, "sweep_ci": ci}
 
 
-def _in_multirun() -> bool:
+def _copy_last_row(own: Path, outer: Path) -> None:
+    """Append the run folder's newest row to the outer sweep table, its run_dir relative to that table."""
+    if not own.exists():
+        return
+    row = read_sweep(own, include_incomplete=True).iloc[-1].to_dict()
+    path = (own.parent / str(row["run_dir"])).resolve()
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    except ImportError:  # pragma: no cover
-        return False
+        row["run_dir"] = str(path.relative_to(outer.parent.resolve()))
+    except ValueError:
+        row["run_dir"] = str(path)
+    append_sweep_row(outer, row)

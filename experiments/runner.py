@@ -28,13 +28,13 @@ from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
-from experiments.aggregate import config_id
 from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.kv_whatif.stream import access_frame
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
 from experiments.recorder import Recorder
 from experiments.replay import MODES, Replay
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.seeds import config_id, redraw_workload
 from experiments.sessions import is_session_trace, load_sessions, session_report
 from experiments.sessions.metrics import session_summary, turns_table
 from experiments.sessions.replay import SessionReplay
@@ -61,6 +61,7 @@ SWEEP_COLUMNS = (
     "replay.concurrency",
     "seed",
     "trace.seed",
+    "executor.seed",
 )
 
 
@@ -373,6 +374,7 @@ def run_summary(
             "config_id": config_id(resolved),
             "repeat": config_value(cfg, "replay.repeat") or 0,
             "seed": config_value(cfg, "seed"),
+            "redraw_workload": redraw_workload(resolved),
         }
     )
     return summary

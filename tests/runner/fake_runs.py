@@ -36,14 +36,19 @@ def write_run(
     config_id: str = "cfgA",
     table: Path | None = None,
     extra: dict | None = None,
+    n_requests: int = N_REQUESTS,
+    workload: int = 123,
+    executor: str | None = None,
 ) -> dict:
-    """One run folder; preempt: {request index: extra queueing seconds, counted as one preemption}."""
+    """One run folder; preempt: {request index: extra queueing seconds, counted as one preemption};
+    workload: the trace's seed (its requests' base latencies and arrivals); executor: summary.json's
+    (None: not recorded, as a real run's of an older version)."""
     rng = np.random.default_rng(seed)
-    base_ttft, base_gap = trace_bases()
+    base_ttft, base_gap = trace_bases(n_requests, workload)
     factor = float(np.exp(rng.normal(0, run_sd)))
     rows, steps = [], []
     for i, (b, g) in enumerate(zip(base_ttft, base_gap)):
-        arrival = 0.05 * i
+        arrival = 0.05 * i + (workload - 123) * 1e-3
         delay = (preempt or {}).get(i, 0.0)
         ttft = b * factor * ttft_scale * float(np.exp(rng.normal(0, noise_sd))) + delay
         gap = g * factor * float(np.exp(rng.normal(0, noise_sd)))
@@ -82,6 +87,8 @@ def write_run(
     start, end = 0.0, float(requests["finish_time"].max())
     summary = summarize(requests, step_frame, start, end)
     summary.update({"config_id": config_id, "repeat": repeat, "seed": seed, "start_time": start, "end_time": end})
+    if executor is not None:
+        summary["executor"] = executor
     run_dir.mkdir(parents=True, exist_ok=True)
     requests.to_parquet(run_dir / "requests.parquet", index=False)
     step_frame.to_parquet(run_dir / "steps.parquet", index=False)

@@ -6,12 +6,12 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.aggregate import AggregateCallback, config_id, wide, write_aggregate
+from experiments.aggregate import AggregateCallback, wide, write_aggregate
 from experiments.compare import compare
 from experiments.repeats import repeat_configs
 from experiments.runner import run_trace
 
-from .fake_runs import write_sweep
+from .fake_runs import write_run, write_sweep
 from .helpers import run_cli
 from .test_sweep import SMALL
 
@@ -19,7 +19,7 @@ from .test_sweep import SMALL
 def test_aggregate_groups_repeats_and_bounds_the_mean(tmp_path):
     write_sweep(tmp_path, 3, first_seed=1, config_id="fcfs")
     write_sweep(tmp_path, 3, first_seed=7, config_id="sjf", ttft_scale=2.0)
-    agg = pd.read_csv(write_aggregate(tmp_path, n_resamples=300))
+    agg = pd.read_csv(write_aggregate(tmp_path))
     assert set(agg["config_id"]) == {"fcfs", "sjf"} and (agg["n"] == 3).all()
     table = pd.read_csv(tmp_path / "sweep.csv")
     for (cfg, metric), row in agg.set_index(["config_id", "metric"]).iterrows():
@@ -27,25 +27,29 @@ def test_aggregate_groups_repeats_and_bounds_the_mean(tmp_path):
         assert row["mean"] == pytest.approx(values.mean()), metric
         assert row["ci_low"] <= row["mean"] <= row["ci_high"], (cfg, metric)
     rows = agg.set_index(["config_id", "metric"])
-    assert rows.loc[("fcfs", "p99_ttft_ms"), "method"] == "bootstrap + t"
-    assert rows.loc[("fcfs", "output_throughput"), "method"] == "t"
+    assert rows.loc[("fcfs", "p99_ttft_ms"), "method"] == rows.loc[("fcfs", "output_throughput"), "method"] == "t"
     assert rows.loc[("sjf", "p50_ttft_ms"), "ci_low"] > rows.loc[("fcfs", "p50_ttft_ms"), "ci_high"]  # 2x apart
     w = wide(agg, ["p99_ttft_ms"]).set_index("config_id")
     assert {"p99_ttft_ms", "p99_ttft_ms_ci_low", "p99_ttft_ms_ci_high", "n"} <= set(w.columns)
 
 
-def test_config_id_ignores_seeds_repeats_and_outputs():
-    base = {"scheduler": {"name": "fcfs"}, "seed": 0, "trace": {"name": "synthetic", "seed": 0}, "replay": {}}
-    same = [
-        {**base, "seed": 3},
-        {**base, "trace": {"name": "synthetic", "seed": 9}},
-        {**base, "replay": {"repeat": 2, "repeats": 3}},
-        {**base, "results": {"sweep_table": "/x"}, "progress": False},
-    ]
-    assert all(config_id(c) == config_id(base) for c in same)
-    assert config_id({**base, "scheduler": {"name": "sjf"}}) != config_id(base)
-    custom = {**base, "spec": {"seed": 1}, "replay": {"repeat_seeds": ["seed", "spec.seed"]}}
-    assert config_id(custom) == config_id({**custom, "spec": {"seed": 2}})
+def test_one_run_gets_order_statistic_intervals_or_says_why_not(tmp_path):
+    """A single run: latency percentiles get the distribution-free interval from its requests, or a note
+    when there are too few of them; run-level metrics and ITL percentiles get none, with the reason."""
+    table = tmp_path / "sweep.csv"
+    write_run(tmp_path / "big", seed=1, config_id="big", table=table)
+    write_run(tmp_path / "small", seed=2, config_id="small", table=table, n_requests=40)
+    rows = pd.read_csv(write_aggregate(tmp_path)).set_index(["config_id", "metric"])
+    requests = pd.read_parquet(tmp_path / "big" / "requests.parquet")
+    ttft = 1e3 * (requests["first_token_time"] - requests["arrival_time"])
+    big = rows.loc[("big", "p99_ttft_ms")]
+    assert big["method"] == "order statistic" and big["ci_low"] < big["mean"] < big["ci_high"]
+    assert (ttft > big["ci_high"]).sum() <= 2 and (ttft < big["ci_low"]).sum() >= 390  # near the top of 400
+    small = rows.loc[("small", "p99_ttft_ms")]
+    assert pd.isna(small["ci_low"]) and small["note"] == "n too small for a p99 interval (40 requests; 368 needed at 95%)"
+    assert rows.loc[("small", "p90_ttft_ms"), "method"] == "order statistic"  # 36 requests suffice for p90
+    assert "shared by its batch" in rows.loc[("big", "p99_itl_ms"), "note"]
+    assert rows.loc[("big", "output_throughput"), "note"].startswith("one run: no interval")
 
 
 def test_repeat_configs_offset_the_seed_keys(tiny_cfg):
@@ -63,10 +67,13 @@ def test_replay_repeats_end_to_end(tiny_cfg, tmp_path):
     run = tmp_path / "run"
     small = [o for o in SMALL if not o.startswith(("model=", "cache.num_blocks"))]
     out = run_trace(tiny_cfg(*small, "replay=offline", "replay.repeats=2"), run)
-    assert out["repeats"] == 2 and out["sweep_ci"] == tmp_path / "sweep_ci.csv"
-    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert out["repeats"] == 2 and out["sweep_ci"] == run / "sweep_ci.csv"
+    table = pd.read_csv(run / "sweep.csv")  # the run folder's own table...
     assert list(table["repeat"]) == [0, 1] and list(table["seed"]) == [0, 1]
-    assert table["config_id"].nunique() == 1 and list(table["run_dir"]) == ["run/repeat0", "run/repeat1"]
+    assert table["config_id"].nunique() == 1 and list(table["run_dir"]) == ["repeat0", "repeat1"]
+    assert list(table["redraw_workload"]) == [False, False]  # the real engine's default
+    outer = pd.read_csv(tmp_path / "sweep.csv")  # ...and the rows in the folder above, as a single run's
+    assert list(outer["run_dir"]) == ["run/repeat0", "run/repeat1"] and not (tmp_path / "sweep_ci.csv").exists()
     for i in range(2):
         summary = json.loads((run / f"repeat{i}" / "summary.json").read_text())
         assert (summary["repeat"], summary["seed"]) == (i, i)
@@ -77,7 +84,7 @@ def test_replay_repeats_end_to_end(tiny_cfg, tmp_path):
     assert len(scheduled) == 6 and prefilled == scheduled  # every request prefilled at least once
     assert all(len(ids) == len(n) for ids, n in zip(steps["scheduled_ids"], steps["scheduled_tokens"]))
     assert sum(len(ids) for ids in steps["prefill_ids"]) >= 6 and not any(len(p) for p in steps["preempted_ids"])
-    agg = pd.read_csv(tmp_path / "sweep_ci.csv")
+    agg = pd.read_csv(run / "sweep_ci.csv")
     assert (agg["n"] == 2).all() and "p99_ttft_ms" in set(agg["metric"])
     result = compare(run / "repeat0", run / "repeat1", n_resamples=200)
     assert result.requests == 6 and len(result.table) == 12  # 9 latency statistics, 3 run metrics

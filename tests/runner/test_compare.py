@@ -1,5 +1,6 @@
 """experiments.compare on runs drawn from a known latency model: no difference between repeats of one
-configuration, a planted difference found, and the changed requests explained."""
+configuration (with the effect it could have detected), a planted difference found, the design chosen
+from what the runs allow, and the changed requests explained."""
 
 import json
 
@@ -14,31 +15,52 @@ SAME = "no significant difference"
 
 def test_repeats_of_one_configuration_show_no_significant_difference(tmp_path):
     """Two sweeps of 3 repeats each of the same configuration (same trace, independent noise, a run-level
-    factor for machine load): no verdict may claim a difference (family-wise 95%)."""
+    factor for machine load): no verdict may claim a difference (Holm, family-wise 5%), and each metric
+    says what it could have detected."""
     a = write_sweep(tmp_path / "a", 3, first_seed=10)
     b = write_sweep(tmp_path / "b", 3, first_seed=20)
     result = compare(a, b, n_resamples=500)
-    assert result.pairs == 3 and result.requests == 3 * 400
+    assert result.pairs == 3 and result.requests == 3 * 400 and result.design == "paired"
     assert set(result.verdicts().values()) == {SAME}, result.text()
-    # one run per side: the interval covers request sampling only (and says so), so it holds when runs
-    # share no machine-level factor (a quiet machine)
-    quiet_a = write_run(tmp_path / "qa", seed=1, run_sd=0.0) and tmp_path / "qa"
-    quiet_b = write_run(tmp_path / "qb", seed=2, run_sd=0.0) and tmp_path / "qb"
-    single = compare(quiet_a, quiet_b, n_resamples=500)
-    assert {v for m, v in single.verdicts().items() if m.endswith("_ms")} == {SAME}, single.text()
-    assert any("one run per side" in n for n in single.notes)
-    # a run against itself: zero difference, zero width
+    assert (result.table["detectable_pct"] > 0).all() and "could have detected differences larger than" in result.text()
+    assert set(result.table["method"]) == {"paired t over run pairs"}
+    # one run per side of a machine-timed run: the observed difference, no verdict
+    single = compare(a / "cfgA-repeat0", b / "cfgA-repeat0", n_resamples=200)
+    assert set(single.verdicts().values()) == {"no verdict: observed difference only"}, single.text()
+    assert single.table["ci_low"].isna().all() and any("one run per side" in n for n in single.notes)
+    # a run against itself: zero difference
     itself = compare(a / "cfgA-repeat0", a / "cfgA-repeat0", n_resamples=200)
-    assert (itself.table["diff"] == 0).all() and set(itself.verdicts().values()) <= {SAME} | {
-        "not tested (one run each: use replay.repeats=N)"
-    }
+    assert (itself.table["diff"] == 0).all()
+
+
+def test_one_simulated_run_per_side_is_tested_over_its_requests(tmp_path):
+    """The simulator has no run-to-run noise: one run per side on the same requests gets the paired
+    bootstrap over requests; a planted 30% TTFT shift is found, equal runs show none."""
+    for name, scale in (("a", 1.0), ("b", 1.3), ("c", 1.0)):
+        write_run(tmp_path / name, seed=1 if name != "b" else 2, run_sd=0.0, ttft_scale=scale, executor="sim")
+    shifted = compare(tmp_path / "a", tmp_path / "b", n_resamples=400)
+    v = shifted.verdicts()
+    assert v["mean_ttft_ms"] == v["p50_ttft_ms"] == "A better", shifted.text()
+    assert v["output_throughput"].startswith("no verdict")  # one value per side
+    same = compare(tmp_path / "a", tmp_path / "c", n_resamples=400)
+    assert {v for m, v in same.verdicts().items() if m.endswith("_ms")} == {SAME}, same.text()
+    assert "paired bootstrap over requests" in same.table["method"].iloc[0]
+
+
+def test_different_workloads_are_compared_unpaired(tmp_path):
+    """Repeats that redrew the workload on one side only (different requests): Welch t over runs."""
+    a = write_sweep(tmp_path / "a", 4, first_seed=10)
+    b = write_sweep(tmp_path / "b", 4, first_seed=20, workload=7)
+    result = compare(a, b, n_resamples=200)
+    assert result.design == "unpaired" and result.requests == 0 and result.changed.empty
+    assert set(result.table["method"]) == {"Welch t over runs"}
+    assert any("different requests" in n for n in result.notes)
 
 
 def test_a_planted_difference_is_found_and_explained(tmp_path):
     """B's TTFT is 30% longer for every request, and B preempted requests 3 and 7 (queueing + 2 s): over 5
     repeats each, compare says A is better on TTFT and names those two requests with their preemptions
-    and extra prefill. (With 3 repeats the family-wise t interval over repeat pairs, 2 degrees of freedom,
-    is too wide to call the median: the price of covering run-to-run variation.)"""
+    and extra prefill."""
     a = write_sweep(tmp_path / "a", 5, first_seed=10)
     b = write_sweep(tmp_path / "b", 5, first_seed=20, ttft_scale=1.3, preempt={3: 2.0, 7: 2.0})
     result = compare(a, b, n_resamples=500, top=2)
@@ -87,4 +109,4 @@ def test_a_seed_sweep_pairs_runs_by_seed(tmp_path):
             )
     result = compare(tmp_path / "a", tmp_path / "b", n_resamples=200)
     assert result.pairs == 3
-    assert "paired t over repeats" in result.table.set_index("metric").loc["p50_ttft_ms", "method"]
+    assert result.table.set_index("metric").loc["p50_ttft_ms", "method"] == "paired t over run pairs"
