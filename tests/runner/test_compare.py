@@ -3,12 +3,15 @@ configuration (with the effect it could have detected), a planted difference fou
 from what the runs allow, and the changed requests explained."""
 
 import json
+import shutil
 
+import pandas as pd
 import pytest
 
 from experiments.compare import CompareError, compare, main
 
 from .fake_runs import write_run, write_sweep
+from .helpers import ROOT
 
 SAME = "no significant difference"
 
@@ -110,3 +113,66 @@ def test_a_seed_sweep_pairs_runs_by_seed(tmp_path):
     result = compare(tmp_path / "a", tmp_path / "b", n_resamples=200)
     assert result.pairs == 3
     assert result.table.set_index("metric").loc["p50_ttft_ms", "method"] == "paired t over run pairs"
+
+
+# ---- at the real engine's noise level -----------------------------------------------------------------
+REAL = ROOT / "results/statistics/real_noise"  # 2 x 5 repeats of one configuration (README there)
+
+
+def slowed(run_dir, out_dir, factor):
+    """A copy of a real run as if every request had been served `factor` times slower: each time after
+    its arrival stretched, the run's throughputs divided (the same requests, the same arrivals)."""
+    shutil.copytree(run_dir, out_dir)
+    req = pd.read_parquet(run_dir / "requests.parquet")
+    for col in ("first_scheduled_time", "first_token_time", "finish_time"):
+        req[col] = req["arrival_time"] + factor * (req[col] - req["arrival_time"])
+    req["token_times"] = [[a + factor * (t - a) for t in ts] for a, ts in zip(req["arrival_time"], req["token_times"])]
+    req.to_parquet(out_dir / "requests.parquet", index=False)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("output_throughput", "request_throughput", "request_goodput", "total_token_throughput"):
+        summary[key] = summary[key] / factor
+    (out_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def longer_decode(run_dir, out_dir, delta_s):
+    """A copy of a real run with every output token after the first `delta_s` later than the one before
+    it was: each request's TPOT exactly delta_s longer."""
+    shutil.copytree(run_dir, out_dir)
+    req = pd.read_parquet(run_dir / "requests.parquet")
+    req["token_times"] = [[t + k * delta_s for k, t in enumerate(ts)] for ts in req["token_times"]]
+    req["finish_time"] = [ts[-1] for ts in req["token_times"]]
+    req.to_parquet(out_dir / "requests.parquet", index=False)
+
+
+def test_real_engine_noise_identical_configurations_and_a_planted_slowdown(tmp_path):
+    """Two repeated runs (5 each) of one configuration of the real engine (tiny model, CPU, a loaded
+    shared machine): no significant difference, each metric with the effect it could have detected.
+    B's runs 10% slower (planted into the measured runs): found at 5 paired repeats where the measured
+    noise allows it (the throughputs), and exactly the metrics whose detectable effect is below the
+    planted one can be expected to show it; a slowdown of each metric's own detectable effect is found."""
+    same = compare(REAL / "A", REAL / "B", top=0)
+    assert same.design == "paired" and same.pairs == 5 and same.requests == 300
+    assert set(same.verdicts().values()) == {SAME}, same.text()
+    detectable = same.table.set_index("metric")["detectable_pct"]
+    assert detectable.notna().all() and (detectable > 0).all()
+
+    slow = tmp_path / "B10"
+    for run in sorted((REAL / "B").glob("repeat*")):
+        slowed(run, slow / run.name, 1.10)
+    shutil.copy(REAL / "B" / "sweep.csv", slow / "sweep.csv")
+    found = compare(REAL / "A", slow, top=0)
+    v = found.verdicts()
+    assert v["output_throughput"] == v["request_throughput"] == "A better", found.text()
+    for metric, mde in detectable.items():  # at most 1 in 5 of the well-powered ones may be missed
+        if mde < 100 * (1 - 1 / 1.1) / 2 and v[metric] != "A better":
+            pytest.fail(f"{metric}: detectable {mde:.1f}% but a 10% slowdown was not found\n{found.text()}")
+
+    # the detectable effect means what it says: p50 TPOT shifted by 1.5x its detectable effect is found,
+    # by 0.3x it is not (the whole family tested, as by default; a shift leaves the noise as measured)
+    shift_ms = detectable["p50_tpot_ms"] / 100 * same.table.set_index("metric").loc["p50_tpot_ms", "b"]
+    for scale, expect in ((1.5, "A better"), (0.3, SAME)):
+        out = tmp_path / f"B{scale}"
+        for run in sorted((REAL / "B").glob("repeat*")):
+            longer_decode(run, out / run.name, scale * shift_ms / 1e3)
+        shutil.copy(REAL / "B" / "sweep.csv", out / "sweep.csv")
+        assert compare(REAL / "A", out, top=0).verdicts()["p50_tpot_ms"] == expect, scale

@@ -1,0 +1,109 @@
+"""A repeated run is a unit, as a new user would try it: `python run.py ... replay.repeats=N hydra.run.dir=A`
+(and B), then `python -m experiments.compare A B`; two single runs; two sweep folders with --where. On the
+simulator (executor=sim, a small synthetic trace), whose repeats redraw the workload by default.
+
+The planted difference: a machine 10% slower, i.e. this CPU's committed step-time profile with every
+coefficient x 1.1 (executor.cost_model=profile), so each simulated step takes 10% longer."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from experiments.compare import main as compare_main
+
+from .helpers import ROOT, run_cli
+
+PROFILE = ROOT / "results/profiles/cpu-amd-epyc-smollm2-135m-cpu-float32.json"
+SIM = [
+    "executor=sim",
+    "executor.cost_model=profile",
+    "model=smollm2-135m",
+    "kernel=cpu",
+    "trace=synthetic",
+    "trace.num_requests=40",
+    "trace.rate=0.5",
+    "trace.prompt_len.value=128",
+    "~trace.output_len",
+    "+trace.output_len={dist:uniform,low:8,high:64}",
+    "replay=open_loop",
+]
+
+
+def slower_profile(tmp_path, factor=1.1):
+    data = json.loads(PROFILE.read_text())
+    data["coefficients"] = {k: v * factor for k, v in data["coefficients"].items()}
+    out = tmp_path / "slower.json"
+    out.write_text(json.dumps(data))
+    return out
+
+
+def compare_cli(*args) -> tuple[str, dict]:
+    """`python -m experiments.compare ARGS --json`: its printed table and its JSON."""
+    out_json = f"{args[0]}.cmp.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.compare", *map(str, args), "--json", out_json],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(open(out_json).read())
+
+
+def verdicts(data: dict) -> dict:
+    return {m["metric"]: m["verdict"] for m in data["metrics"]}
+
+
+def json_of(tmp_path, *args) -> dict:
+    """experiments.compare's main, in this process, and its JSON."""
+    out = tmp_path / "cmp.json"
+    compare_main([*map(str, args), "--json", str(out), "--top", "0"])
+    return json.loads(out.read_text())
+
+
+def test_repeated_runs_and_single_runs_compare(tmp_path):
+    a, b, c = (tmp_path / x for x in ("A", "B", "C"))
+    run_cli(*SIM, f"executor.profile={PROFILE}", "replay.repeats=5", f"hydra.run.dir={a}")
+    run_cli(*SIM, f"executor.profile={PROFILE}", "replay.repeats=5", f"hydra.run.dir={b}")
+    run_cli(*SIM, f"executor.profile={slower_profile(tmp_path)}", "replay.repeats=5", f"hydra.run.dir={c}")
+    # each folder holds its own table and intervals; the simulated repeats are one configuration whose
+    # workload was redrawn, so the interval is not zero
+    for folder in (a, b, c):
+        table = pd.read_csv(folder / "sweep.csv")
+        assert list(table["run_dir"]) == [f"repeat{i}" for i in range(5)] and table["config_id"].nunique() == 1
+        assert table["redraw_workload"].all() and list(table["trace.seed"]) == [0, 1, 2, 3, 4]
+    ci = pd.read_csv(a / "sweep_ci.csv").set_index("metric")
+    assert (ci["n"] == 5).all()
+    for metric in ("mean_e2el_ms", "p99_ttft_ms", "output_throughput"):
+        assert ci.loc[metric, "ci_low"] < ci.loc[metric, "mean"] < ci.loc[metric, "ci_high"], metric
+    outer = pd.read_csv(tmp_path / "sweep.csv")  # also the rows a single run would leave above
+    assert len(outer) == 15 and outer["run_dir"].str.startswith(("A/", "B/", "C/")).all()
+
+    # two identical configurations: the same seeds per repeat, so the simulator reproduces every pair
+    text, same = compare_cli(a, b)
+    assert same["design"] == "paired" and same["pairs"] == 5
+    assert set(verdicts(same).values()) == {"no significant difference"}, text
+    assert "could have detected differences larger than" in text
+    # steps 10% slower: found at 5 paired repeats, in every latency mean and in TPOT's percentiles
+    slower = json_of(tmp_path, a, c)
+    v = verdicts(slower)
+    assert {v[f"{s}_{m}_ms"] for s in ("mean", "p50") for m in ("ttft", "tpot", "e2el")} == {"A better"}, slower
+    tpot = {m["metric"]: m for m in slower["metrics"]}["mean_tpot_ms"]
+    assert 1.08 < tpot["b"] / tpot["a"] < 1.3, tpot  # 10% slower steps, and batches that stay fuller
+
+    # two single runs (one repeat folder of each): the simulator's single pair is tested over requests
+    single = json_of(tmp_path, a / "repeat0", c / "repeat0")
+    assert single["pairs"] == 1 and verdicts(single)["mean_tpot_ms"] == "A better", single
+
+
+@pytest.mark.slow
+def test_two_sweep_folders_compare_with_where(tmp_path):
+    """An interleaved seed sweep of both profiles, compared with --where-a / --where-b."""
+    s, slow = tmp_path / "S", slower_profile(tmp_path)
+    run_cli("-m", *SIM, "seed=0,1,2", f"executor.profile={PROFILE},{slow}", f"hydra.sweep.dir={s}")
+    text, sweep = compare_cli(s, s, "--where-a", f"executor.profile={PROFILE}", "--where-b", f"executor.profile={slow}")
+    assert sweep["pairs"] == 3 and verdicts(sweep)["mean_tpot_ms"] == "A better", text
