@@ -49,6 +49,8 @@ def build_prompts(tokenizer, n: int) -> list[list[int]]:
 
 def run_offline(engine: Engine, workload, out_dir: Path, cfg=None) -> dict:
     """The built-in prompt set, all at t=0, through the trace runner (same results files and summary)."""
+    if cfg is not None and (OmegaConf.select(cfg, "replay.repeats", default=1) or 1) > 1:
+        raise ValueError("replay.repeats: repeats replay a trace (trace=...); the built-in prompt set runs once")
     if engine.tokenizer is None:
         raise ValueError(
             f"the default workload needs a tokenizer; model {engine.model_name!r} has none "

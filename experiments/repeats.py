@@ -90,9 +90,18 @@ def repeat_configs(cfg, n: int) -> list:
     return out
 
 
-def run_repeats(cfg, run_dir: str | Path, engine=None) -> dict:
-    """Run the N repeats; returns {"repeats": N, "summaries": [...], "sweep_ci": <run dir>/sweep_ci.csv}."""
+def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
+    """Run the N repeats; returns {"repeats": N, "summaries": [...], "sweep_ci": <run dir>/sweep_ci.csv}.
+    run_one(cfg, dir) runs one repeat (default: experiments.runner.run_trace with a fresh engine each,
+    the first reusing `engine`)."""
     from experiments.runner import build_engine, config_value, run_trace
+
+    given = [engine] if engine is not None else []  # the first repeat reuses it; later ones get their own
+
+    def fresh_engine_run(c, d):
+        return run_trace(c, d, given.pop() if given else build_engine(c))
+
+    run = run_one or fresh_engine_run
 
     run_dir = Path(run_dir)
     own = run_dir / SWEEP_TABLE
@@ -104,7 +113,7 @@ def run_repeats(cfg, run_dir: str | Path, engine=None) -> dict:
     for i, c in enumerate(configs):
         _set(c, "results.sweep_table", str(own))
         try:
-            summaries.append(run_trace(c, run_dir / f"repeat{i}", engine if i == 0 and engine else build_engine(c)))
+            summaries.append(run(c, run_dir / f"repeat{i}"))
         finally:
             if outer.resolve() != own.resolve():
                 _copy_last_row(own, outer)

@@ -79,7 +79,12 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
 
 
 def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
-    """Replay cfg.trace through the cluster of cfg.cluster; returns the summary (also in summary.json)."""
+    """Replay cfg.trace through the cluster of cfg.cluster; returns the summary (also in summary.json).
+    With replay.repeats > 1: each repeat in run_dir/repeat<i>/ (experiments.repeats)."""
+    from experiments.repeats import repeat_count, run_repeats
+
+    if repeat_count(cfg) > 1 and config_value(cfg, "replay.repeat") is None:
+        return run_repeats(cfg, run_dir, run_one=lambda c, d: run_cluster(c, d, quiet))
     cluster_cfg = ClusterConfig.from_any(config_value(cfg, "cluster"))
     trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:

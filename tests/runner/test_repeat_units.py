@@ -107,3 +107,26 @@ def test_two_sweep_folders_compare_with_where(tmp_path):
     run_cli("-m", *SIM, "seed=0,1,2", f"executor.profile={PROFILE},{slow}", f"hydra.sweep.dir={s}")
     text, sweep = compare_cli(s, s, "--where-a", f"executor.profile={PROFILE}", "--where-b", f"executor.profile={slow}")
     assert sweep["pairs"] == 3 and verdicts(sweep)["mean_tpot_ms"] == "A better", text
+
+
+def test_a_simulated_cluster_repeats_like_one_engine(tmp_path):
+    """replay.repeats applies to a cluster too: its own folder, one configuration, a redrawn workload."""
+    from experiments.cluster.runner import run_cluster
+
+    from ..cluster.helpers import SIM as CLUSTER_SIM
+    from ..cluster.helpers import SMALL_TRACE, cfg
+
+    run_cluster(cfg(*CLUSTER_SIM, *SMALL_TRACE, "cluster.replicas=2", "replay.repeats=2"), tmp_path / "A", quiet=True)
+    table = pd.read_csv(tmp_path / "A" / "sweep.csv")
+    assert list(table["run_dir"]) == ["repeat0", "repeat1"] and table["config_id"].nunique() == 1
+    assert list(table["trace.seed"]) == [0, 1] and (tmp_path / "A" / "sweep_ci.csv").exists()
+    assert list(pd.read_csv(tmp_path / "sweep.csv")["run_dir"]) == ["A/repeat0", "A/repeat1"]
+
+
+def test_repeats_of_the_built_in_prompt_set_are_refused(tmp_path):
+    from omegaconf import OmegaConf
+
+    from experiments.offline import run_offline
+
+    with pytest.raises(ValueError, match="replay.repeats"):
+        run_offline(None, None, tmp_path, OmegaConf.create({"replay": {"repeats": 3}}))
