@@ -52,6 +52,10 @@ def _set(cfg, path: str, value) -> None:
 
 
 def repeat_count(cfg) -> int:
+    """replay.repeats, checked (and replay.redraw_workload with it, before anything runs)."""
+    redraw = _get(cfg, "replay.redraw_workload")
+    if redraw is not None and not isinstance(redraw, bool):
+        raise ValueError(f"replay.redraw_workload: must be true, false or null, got {redraw!r}")
     n = _get(cfg, "replay.repeats")
     n = 1 if n is None else n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -6,9 +6,9 @@
 One row per (scheduler, rate): TTFT and TPOT p50/p99, throughput, goodput (both SLOs met) and
 preemptions from the sweep table, plus the TTFT of the 20% "urgent" requests (the ones the priority
 scheduler boosts; the same requests in every run) from requests.parquet. Each value is the mean over
-the repeats with its 95% interval (experiments.aggregate: t over repeats; for latency percentiles
-widened to contain the request bootstrap). Writes table.csv, README.md's tables (the prose above the
-marker line is kept) and shootout.png.
+the repeats with its 95% interval (experiments.aggregate: t over repeats; the committed table.csv
+predates it and for latency percentiles was widened to contain a request bootstrap). Writes table.csv,
+README.md's tables (the prose above the marker line is kept) and shootout.png.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from experiments.repeats import repeat_configs
+from experiments.repeats import repeat_configs, repeat_count
 from experiments.seeds import SEED_KEYS, WORKLOAD_SEEDS, config_id, redraw_workload
 
 from .helpers import ROOT
@@ -103,6 +103,8 @@ def test_repeats_redraw_the_workload_when_asked():
     real = repeat_configs(_compose("trace=synthetic", "replay.redraw_workload=true", "scheduler=priority"), 2)
     assert [(c.trace.seed, c.scheduler.options.seed) for c in real] == [(0, 0), (1, 1)]
     assert set(WORKLOAD_SEEDS) <= set(SEED_KEYS)
+    with pytest.raises(ValueError, match="replay.redraw_workload: must be"):
+        repeat_count(_compose("trace=synthetic", "replay.redraw_workload=sometimes"))
     with pytest.raises(ValueError, match="redraw_workload=false"):
         repeat_configs(
             _compose("trace=synthetic", "replay.redraw_workload=false", "replay.repeat_seeds=[seed,trace.seed]"), 2
