@@ -1,13 +1,19 @@
-"""How far the simulator is from the real engine on work it was not calibrated on.
+"""How far the simulator is from the real engine where the step cost decides the answer: at and past
+saturation, tails as well as medians, against the real engine's own spread.
 
     python -m experiments.studies.fidelity --profile results/profiles/<profile>.json   # -> results/fidelity/
 
-For each held-out workload (Azure conversation open loop, Mooncake closed loop, a synthetic open-loop rate
-sweep; none of them used by experiments.calibrate), the real engine runs it (the profile's model and kernel
-on this CPU), then the simulator runs the same trace and config with executor.cost_model=profile. Reported:
-the relative error of output throughput, median and p90 TTFT, median TPOT and median E2EL (sim vs real),
-and every real step's period against the profile's prediction for the same batch shape. Writes
-fidelity.csv, step_residuals.csv, summary.md and two plots (predicted vs measured step time; TTFT CDFs).
+Per trace (experiments/studies/fidelity_plan.py; default the synthetic generator and the Azure
+conversation trace, both held out from calibration): closed loop at concurrency 1/4/16/64 first, whose
+most concurrent cell measures the real engine's capacity (mean request throughput), then open loop at
+50/80/100/120% of that capacity. Each real run is repeated (--repeats, default 3), every one on a fresh
+engine and preceded by the calibration probe (experiments/probe.py), so the machine's drift against the
+profile's own probe is reported beside each figure (probe, real, probe, real, ...). Each cost model
+(--cost-models, default profile and operators) simulates each cell once (the simulation is
+deterministic). Written to --out: runs.csv (every run), figures.csv (per cell, cost model and metric: real
+mean, 95% interval, simulated value, error, inside the interval, against the issue's targets), knee.csv,
+step_residuals.csv (every busy real step priced by each cost model), residuals_by_kind.csv (pure decode,
+prefill chunk, mixed) and summary.md. The SLO is the composed config's `slo` (override slo.ttft_ms=...).
 """
 
 import argparse
@@ -18,54 +24,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.common import environment, markdown_table
-from experiments.runner import build_engine, run_trace
+from benchmarks.common import environment
+from experiments.probe import probe_seconds
+from experiments.runner import build_engine, config_value, run_trace
 from experiments.step_shapes import StepShapes
-from testbed.sim.cost_models.profile import ProfileCost
+from experiments.studies import fidelity_report as report
+from experiments.studies.fidelity_plan import TRACES, Cell, cells, native_rate, trace_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "fidelity"
-METRICS = ("output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "median_e2el_ms")
-SYNTHETIC = [
-    "trace=synthetic",
-    "~trace.prompt_len",
-    "+trace.prompt_len={dist:uniform,low:32,high:256}",
-    "~trace.output_len",
-    "+trace.output_len={dist:uniform,low:16,high:64}",
-]
-
-
-def workloads(scale: float) -> dict[str, list[str]]:
-    """Held-out workloads, CPU-sized; `scale` multiplies request counts (0.25 for a smoke run)."""
-    n = lambda k: max(4, int(k * scale))
-    out = {
-        "azure_open_loop": [
-            "trace=azure",
-            f"trace.max_requests={n(80)}",
-            "trace.time_scale=0.25",
-            "replay=open_loop",
-            "replay.length_scale=0.0625",
-            "replay.max_prompt_tokens=256",
-            "replay.max_output_tokens=48",
-        ],
-        "mooncake_closed_loop": [
-            "trace=mooncake",
-            f"trace.max_requests={n(48)}",
-            "replay=closed_loop",
-            "replay.concurrency=8",
-            "replay.length_scale=0.02",
-            "replay.max_prompt_tokens=384",
-            "replay.max_output_tokens=48",
-        ],
-    }
-    for rate in (0.5, 1.0, 2.0):
-        out[f"synthetic_rate_{rate:g}"] = [
-            *SYNTHETIC,
-            f"trace.num_requests={n(40)}",
-            f"trace.rate={rate}",
-            "replay=open_loop",
-        ]
-    return out
+COST_MODELS = ("profile", "operators")
 
 
 def compose(overrides: list[str]):
@@ -76,119 +44,160 @@ def compose(overrides: list[str]):
         return hydra_compose("config", overrides=["progress=false", "wandb.enabled=false", *overrides])
 
 
-def run_pair(name: str, engine_overrides: list[str], workload: list[str], profile: Path, runs: Path):
-    """(real summary, sim summary, real requests, sim requests, step residual rows) of one workload."""
-    cfg = compose([*engine_overrides, *workload])
-    engine = build_engine(cfg, record_clock=False)
-    cost = ProfileCost(profile, engine.model_name, engine.kernel, str(engine.dtype).removeprefix("torch."))
-    with StepShapes(engine) as shapes:
-        real = run_trace(cfg, runs / name / "real", engine)
-    periods = shapes.periods()
-    # only periods the engine spent working: after an idle step the driver waited for the next arrival
-    residuals = [
-        {"workload": name, "measured_s": t, "predicted_s": cost.step_time(s)}
-        for s, t, busy in zip(shapes.shapes, periods, shapes.busy)
-        if busy
-    ]
-    sim_cfg = compose(
-        [*engine_overrides, *workload, "executor=sim", "executor.cost_model=profile", f"executor.profile={profile}"]
-    )
-    sim = run_trace(sim_cfg, runs / name / "sim")
-    read = lambda kind: pd.read_parquet(runs / name / kind / "requests.parquet")
-    return real, sim, read("real"), read("sim"), residuals
+def cost_model(name: str, profile: Path, engine):
+    from testbed.sim.cost_models.operators import OperatorCost
+    from testbed.sim.cost_models.profile import ProfileCost
+
+    cls = OperatorCost if name == "operators" else ProfileCost
+    return cls(profile, engine.model_name, engine.kernel, str(engine.dtype).removeprefix("torch."))
 
 
-def relative(sim: float, real: float) -> float:
-    return (sim - real) / real if real else float("nan")
+class Study:
+    def __init__(self, args, engine_overrides: list[str]):
+        self.args = args
+        self.profile = args.profile
+        meta = json.loads(args.profile.read_text())
+        check = meta.get("self_check") or {}
+        self.reference_probe = (check.get("probe_seconds") or [None])[0]  # the calibration's start probe
+        self.setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]
+        self.user = engine_overrides  # last: the user's overrides win over the cell's (e.g. shorter outputs)
+        self.engine = None  # the last real engine (reads the trace for its native rate)
+        self.runs: list[dict] = []
+        self.steps: list[dict] = []
+        self.started = time.perf_counter()
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.started:.0f} s] {msg}", file=sys.stderr)
+
+    def real(self, cell: Cell, overrides: list[str], repeat: int) -> dict:
+        cfg = compose([*self.setup, *overrides, *self.user])
+        engine = self.engine = build_engine(cfg, record_clock=False)
+        probe = probe_seconds(engine, self.args.probe_repeats)
+        if self.reference_probe is None:
+            self.reference_probe = probe  # no calibration probe in the profile: drift against the first one
+        models = {name: cost_model(name, self.profile, engine) for name in self.args.cost_models}
+        with StepShapes(engine) as rec:
+            summary = run_trace(cfg, self.args.out / "runs" / cell.name / f"real{repeat}", engine)
+        for shape, period, busy in zip(rec.shapes, rec.periods(), rec.busy):
+            if not busy:  # after an idle step the driver waited for the next arrival: not a step's cost
+                continue
+            kind = report.step_kind(shape.prefill_seqs, shape.decode_seqs)
+            for name, model in models.items():
+                self.steps.append(
+                    {
+                        "cell": cell.name,
+                        "repeat": repeat,
+                        "cost_model": name,
+                        "kind": kind,
+                        "measured_s": period,
+                        "predicted_s": model.step_time(shape),
+                        "num_seqs": shape.num_seqs,
+                        "num_tokens": shape.num_tokens,
+                    }
+                )
+        drift = probe / self.reference_probe - 1
+        self.log(
+            f"{cell.name} real #{repeat}: probe {1e3 * probe:.1f} ms (drift {100 * drift:+.1f}%), "
+            f"{summary['request_throughput']:.3g} req/s, median TTFT {summary['median_ttft_ms']:.1f} ms"
+        )
+        return {**summary, "side": "real", "repeat": repeat, "cost_model": None, "probe_s": probe, "drift": drift}
+
+    def sim(self, cell: Cell, overrides: list[str], name: str) -> dict:
+        cfg = compose(
+            [
+                *self.setup,
+                *overrides,
+                *self.user,
+                "executor=sim",
+                f"executor.cost_model={name}",
+                f"executor.profile={self.profile}",
+                "executor.allow_extrapolation=true",
+            ]
+        )
+        summary = run_trace(cfg, self.args.out / "runs" / cell.name / f"sim-{name}")
+        return {**summary, "side": "sim", "repeat": None, "cost_model": name, "probe_s": None, "drift": None}
+
+    def cell(self, cell: Cell, overrides: list[str], offered_rate: float | None) -> list[dict]:
+        rows = [self.real(cell, overrides, i) for i in range(self.args.repeats)]
+        rows += [self.sim(cell, overrides, name) for name in self.args.cost_models]
+        keep = ("side", "repeat", "cost_model", "probe_s", "drift", *report.METRICS, "completed", "duration")
+        out = [
+            {
+                "cell": cell.name,
+                "trace": cell.trace,
+                "mode": cell.mode,
+                "level": cell.level,
+                "offered_rate": offered_rate,
+                **{k: r.get(k) for k in keep},
+            }
+            for r in rows
+        ]
+        self.runs += out
+        return out
+
+    def trace(self, trace: str) -> None:
+        closed, open_ = cells(trace, self.args.concurrency, self.args.loads, self.args.scale)
+        top = []
+        for c in closed:
+            rows = self.cell(c, c.overrides(), None)
+            top = [r["request_throughput"] for r in rows if r["side"] == "real"]
+        capacity = sum(top) / len(top)
+        self.log(f"{trace}: capacity {capacity:.3g} req/s (real, closed loop c={closed[-1].level:g})")
+        native = None
+        if trace != "synthetic" and open_:  # the open cells' selection of the trace, at its own speed
+            cfg = compose([*self.setup, *trace_overrides(trace, open_[0].num_requests), *self.user])
+            native = native_rate(cfg, self.engine)
+        for c in open_:
+            self.cell(c, c.overrides(capacity, native), c.level * capacity)
+
+    def write(self) -> None:
+        out = self.args.out
+        runs = pd.DataFrame(self.runs)
+        runs.to_csv(out / "runs.csv", index=False)
+        figs = report.figures(runs)
+        figs.to_csv(out / "figures.csv", index=False)
+        knee_table = report.knees(runs, self.args.attainment)
+        knee_table.to_csv(out / "knee.csv", index=False)
+        steps = pd.DataFrame(self.steps)
+        steps.to_csv(out / "step_residuals.csv", index=False)
+        residuals = report.residuals_by_kind(steps) if len(steps) else pd.DataFrame()
+        residuals.to_csv(out / "residuals_by_kind.csv", index=False)
+        slo = config_value(compose([*self.setup, *self.user]), "slo")
+        header = (
+            f"Fidelity study v2: profile `{self.profile.name}`, {self.args.repeats} real repeats per cell, "
+            f"SLO {json.dumps(dict(slo) if slo else None)}, knee at attainment >= {self.args.attainment}.\n\n"
+            "Environment: " + json.dumps(environment())
+        )
+        (out / "summary.md").write_text(report.summary_markdown(figs, knee_table, residuals, header))
 
 
-def plots(residuals: pd.DataFrame, requests: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for name, group in residuals.groupby("workload"):
-        ax.scatter(1e3 * group["measured_s"], 1e3 * group["predicted_s"], s=6, alpha=0.5, label=name)
-    top = 1e3 * max(residuals["measured_s"].quantile(0.99), residuals["predicted_s"].max())
-    ax.plot([0, top], [0, top], "k--", lw=1)
-    ax.set(
-        xlabel="measured step period (ms)",
-        ylabel="profile's prediction (ms)",
-        xlim=(0, top),
-        ylim=(0, top),
-        title="step time: simulated vs measured",
-    )
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "step_time_pred_vs_measured.png", dpi=120)
-    fig, axes = plt.subplots(1, len(requests), figsize=(3.2 * len(requests), 3), sharey=True)
-    for ax, (name, (real, sim)) in zip(axes, requests.items()):
-        for label, frame in (("real", real), ("sim", sim)):
-            ttft = (1e3 * (frame["first_token_time"] - frame["arrival_time"])).sort_values()
-            ax.plot(ttft.values, [(i + 1) / len(ttft) for i in range(len(ttft))], label=label)
-        ax.set(title=name, xlabel="TTFT (ms)")
-    axes[0].set_ylabel("fraction of requests")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "ttft_cdf_sim_vs_real.png", dpi=120)
-
-
-def main(argv=None) -> None:
+def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", type=Path, required=True)
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--scale", type=float, default=1.0, help="request counts x this (0.25: smoke run)")
-    p.add_argument("--only", nargs="*", help="workload names to run (default: all)")
-    args, engine_overrides = p.parse_known_args(argv)
-    profile = json.loads(args.profile.read_text())
-    engine_overrides = [f"model={profile['model']}", f"kernel={profile['kernel']}", *engine_overrides]
+    p.add_argument("--scale", type=float, default=1.0, help="request counts x this (a smoke run: 0.1)")
+    p.add_argument("--repeats", type=int, default=3, help="real runs per cell (>= 2 for an interval)")
+    p.add_argument("--traces", nargs="+", default=["synthetic", "azure"], choices=TRACES)
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64], help="closed-loop cells")
+    p.add_argument("--loads", nargs="+", type=float, default=[0.5, 0.8, 1.0, 1.2], help="x measured capacity")
+    p.add_argument("--cost-models", nargs="+", default=list(COST_MODELS), choices=COST_MODELS)
+    p.add_argument("--probe-repeats", type=int, default=3)
+    p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment that defines the knee")
+    args, overrides = p.parse_known_args(argv)
+    if args.repeats < 2:
+        p.error("--repeats must be >= 2: a real figure needs an interval")
+    return args, overrides
+
+
+def main(argv=None) -> Path:
+    args, overrides = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, residuals, requests = [], [], {}
-    started = time.perf_counter()
-    for name, workload in workloads(args.scale).items():
-        if args.only and name not in args.only:
-            continue
-        real, sim, real_req, sim_req, res = run_pair(name, engine_overrides, workload, args.profile, args.out / "runs")
-        residuals += res
-        requests[name] = (real_req, sim_req)
-        for metric in METRICS:
-            rows.append(
-                {
-                    "workload": name,
-                    "metric": metric,
-                    "real": real[metric],
-                    "sim": sim[metric],
-                    "rel_error": relative(sim[metric], real[metric]),
-                }
-            )
-        print(
-            f"{name}: "
-            + ", ".join(f"{m} {100 * r['rel_error']:+.1f}%" for m, r in zip(METRICS, rows[-5:]))
-            + f" ({time.perf_counter() - started:.0f} s so far)",
-            file=sys.stderr,
-        )
-    table = pd.DataFrame(rows)
-    table.to_csv(args.out / "fidelity.csv", index=False)
-    res = pd.DataFrame(residuals)
-    res["rel_error"] = (res["predicted_s"] - res["measured_s"]) / res["measured_s"]
-    res.to_csv(args.out / "step_residuals.csv", index=False)
-    plots(res, requests, args.out)
-    wide = table.pivot(index="workload", columns="metric", values="rel_error")[list(METRICS)]
-    lines = [
-        f"Simulated (profile `{args.profile.name}`) vs real, relative error (sim - real) / real:",
-        "",
-        markdown_table(["workload", *METRICS], [[w, *(f"{100 * v:+.1f}%" for v in r)] for w, r in wide.iterrows()]),
-        "",
-        "Step-time residuals (predicted - measured) / measured over every real step: median "
-        f"{100 * res['rel_error'].median():+.1f}%, median |.| {100 * res['rel_error'].abs().median():.1f}%, "
-        f"p90 |.| {100 * res['rel_error'].abs().quantile(0.9):.1f}% ({len(res)} steps).",
-        "",
-        "Environment: " + json.dumps(environment()),
-    ]
-    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    study = Study(args, overrides)
+    for trace in args.traces:
+        study.trace(trace)
+    study.write()
+    print((args.out / "summary.md").read_text())
+    return args.out
 
 
 if __name__ == "__main__":

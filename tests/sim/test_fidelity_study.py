@@ -1,0 +1,91 @@
+"""The fidelity study's code path at a small scale (tiny model, a few requests, two repeats): every table
+it promises is written and consistent with its runs. Its figures are not checked here (they are the
+study's output, measured on a quiet machine)."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from experiments.studies import fidelity
+from experiments.studies.fidelity_report import knee
+from testbed.sim.cost_models.operators import fit_operators
+from testbed.sim.cost_models.profile import FORMAT, fit
+
+from .test_operator_cost import planted
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture
+def profile(tmp_path):
+    """A profile of the tiny model from planted timings (the study's code path needs one, not a real one)."""
+    samples, shapes, seconds = planted(noise=0.01)
+    path = tmp_path / "tiny.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "model": "tiny",
+                "kernel": "torch",
+                "dtype": "float32",
+                **fit(shapes, seconds),
+                "self_check": {"probe_seconds": [0.05, 0.05, 0.05]},
+                "operators": fit_operators(samples, shapes, seconds),
+            }
+        )
+    )
+    return path
+
+
+def test_knee_interpolates_between_the_last_met_and_first_missed_load():
+    assert knee([1, 2, 3, 4], [1.0, 0.95, 0.85, 0.2]) == (pytest.approx(2.5), False)
+    assert knee([1, 2], [1.0, 0.95]) == (2, True)  # every load met: a lower bound
+    assert math.isnan(knee([1, 2], [0.5, 0.1])[0])
+
+
+def test_study_small_scale(tmp_path, profile, monkeypatch):
+    monkeypatch.setenv("TESTBED_KERNEL", "torch")
+    out = tmp_path / "study"
+    overrides = ["slo.ttft_ms=50", "slo.tpot_ms=20", "cache.num_blocks=128"]
+    short = ["replay.max_prompt_tokens=40", "replay.max_output_tokens=5"]
+    flags = "--scale 0.07 --repeats 2 --probe-repeats 1 --traces synthetic azure --concurrency 4 --loads 0.5 1.2"
+    fidelity.main([*overrides, *short, "--profile", str(profile), "--out", str(out), *flags.split()])
+    runs = pd.read_csv(out / "runs.csv")
+    cells = [f"{t}_{c}" for t in ("synthetic", "azure") for c in ("closed_c4", "open_50pct", "open_120pct")]
+    assert list(dict.fromkeys(runs["cell"])) == cells
+    for cell, g in runs.groupby("cell"):
+        assert sorted(g["side"]) == ["real", "real", "sim", "sim"], cell
+        assert g["completed"].min() >= 4
+    real = runs[runs["side"] == "real"]
+    assert real["probe_s"].gt(0).all() and real["drift"].notna().all()
+    capacity = real[real["cell"] == "synthetic_closed_c4"]["request_throughput"].mean()
+    opened = runs[runs["cell"] == "synthetic_open_120pct"]["offered_rate"]
+    assert opened.iloc[0] == pytest.approx(1.2 * capacity)  # open loads are fractions of the measured capacity
+    figs = pd.read_csv(out / "figures.csv")
+    assert len(figs) == len(cells) * 2 * len(fidelity.report.METRICS)
+    row = figs[(figs["cell"] == "azure_closed_c4") & (figs["metric"] == "median_e2el_ms")].iloc[0]
+    values = real[real["cell"] == "azure_closed_c4"]["median_e2el_ms"]
+    assert row["real_n"] == 2 and row["real_mean"] == pytest.approx(values.mean())
+    assert row["real_ci_low"] <= row["real_mean"] <= row["real_ci_high"]
+    assert row["inside_real_ci"] == (row["real_ci_low"] <= row["sim"] <= row["real_ci_high"])
+    assert row["rel_error"] == pytest.approx((row["sim"] - row["real_mean"]) / row["real_mean"])
+    assert row["target"] == 0.05
+    assert sorted(real["repeat"]) == [0] * len(cells) + [1] * len(cells)
+    knees = pd.read_csv(out / "knee.csv")
+    assert sorted(zip(knees["trace"], knees["cost_model"])) == [
+        ("azure", "operators"),
+        ("azure", "profile"),
+        ("synthetic", "operators"),
+        ("synthetic", "profile"),
+    ]
+    assert all(k.count(",") == 1 for k in knees["real_knees"])  # one knee per real repeat
+    by_kind = pd.read_csv(out / "residuals_by_kind.csv")
+    assert {"decode", "mixed"} <= set(by_kind["kind"]) and set(by_kind["cost_model"]) == {"profile", "operators"}
+    steps = pd.read_csv(out / "step_residuals.csv")
+    assert len(steps) == 2 * by_kind[by_kind["cost_model"] == "profile"]["steps"].sum()
+    summary = (out / "summary.md").read_text()
+    assert "executor.cost_model=operators (SIMULATED)" in summary and "Capacity knee" in summary
+    assert (out / "runs" / "azure_open_50pct" / "real1" / "requests.parquet").exists()
+    assert (out / "runs" / "azure_open_50pct" / "sim-operators" / "summary.json").exists()
