@@ -7,6 +7,9 @@
 #   3. Triton kernel check (experiments/gpu_kernel_check.py): correctness + timings at realistic shapes
 #   4. host-side cost per step (null executor) on that machine's CPU
 #   5. GPU idle time between steps, synchronous vs async scheduling (torch profiler)
+#   6. simulator fidelity on the GPU: a calibration (step profile + operator microbenchmarks, its self-check
+#      recorded; --force so a noisy one still yields figures, marked so) and a reduced fidelity study
+#      (synthetic trace, closed loop c=1/16/64, open loop at 50/100/120% of capacity, 3 real repeats)
 # Full results go to $OUT (or results/gpu_check/ when $OUT is unset); a short table is printed last.
 # Steps run in this order under a shared time budget (BUDGET_S, default 540 s) and are skipped once it is
 # spent, so one 10-minute device call is enough:
@@ -14,6 +17,13 @@
 #   run(command="bash experiments/gpu_check.sh", timeout_s=600)
 #
 # Nothing here needs Hydra. Optional: BENCH_ARGS="--model llama-3.1-8b" for the 8B shape (needs more time).
+# STEPS="tests idle throughput kernels host fidelity" (default: all) runs a subset. The fidelity step's
+# setup: FID_MODEL (llama-3.2-1b, shape only), FID_DEVICE (cuda), FID_KERNEL (triton), FID_DTYPE (bfloat16),
+# FID_SCALE (0.25), FID_ARGS (extra Hydra overrides for both), FID_STUDY_ARGS (the study's cells). On a
+# CPU, for the code path only (tests/sim/test_gpu_check_fidelity.py):
+#   STEPS=fidelity FID_DEVICE=cpu FID_MODEL=tiny FID_KERNEL=torch FID_DTYPE=float32 FID_SCALE=0.07 \
+#   FID_ARGS="cache.num_blocks=128" FID_STUDY_ARGS="--repeats 2 --concurrency 4 --loads 0.5 1.2" \
+#   OMP_NUM_THREADS=1 bash experiments/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_check}
@@ -24,6 +34,9 @@ START=$(date +%s)
 LOG="$OUT/log.txt"
 : > "$LOG"
 STATUS=()
+
+STEPS=${STEPS:-all}
+want() { [[ $STEPS == all || " $STEPS " == *" $1 "* ]]; }
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 
@@ -47,18 +60,33 @@ step() {  # step NAME MAX_SECONDS COMMAND...
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee -a "$LOG"
 
-step "gpu tests" 150 python3 -m pytest -q -o addopts="" -p no:cacheprovider -m "gpu or not slow" \
+want tests && step "gpu tests" 150 python3 -m pytest -q -o addopts="" -p no:cacheprovider -m "gpu or not slow" \
     tests/executor/test_cuda_graphs.py tests/kernels/test_gpu_timing.py tests/engine/test_async_scheduling.py \
     --junitxml="$OUT/pytest_gpu.xml"
 
-step "GPU idle gap (sync vs async scheduling)" 90 python3 -m benchmarks.gpu_idle_gap --out "$OUT"
+want idle && step "GPU idle gap (sync vs async scheduling)" 90 python3 -m benchmarks.gpu_idle_gap --out "$OUT"
 
-step "throughput llama-3.2-1b" 300 python3 -m benchmarks.throughput --preset gpu --out "$OUT" \
+want throughput && step "throughput llama-3.2-1b" 300 python3 -m benchmarks.throughput --preset gpu --out "$OUT" \
     --name throughput --time-limit 60 --system-timeout 150 ${BENCH_ARGS:-}
 
-step "kernel check" 100 python3 -m benchmarks.gpu_kernel_check "$OUT/kernels.json" --iters 10
+want kernels && step "kernel check" 100 python3 -m benchmarks.gpu_kernel_check "$OUT/kernels.json" --iters 10
 
-step "host cost per step" 30 python3 -m benchmarks.host --running 256 --steps 100 --no-gc-freeze-rows --out "$OUT"
+want host && step "host cost per step" 30 python3 -m benchmarks.host --running 256 --steps 100 --no-gc-freeze-rows --out "$OUT"
+
+FID_SETUP=(model="${FID_MODEL:-llama-3.2-1b}" kernel="${FID_KERNEL:-triton}" device="${FID_DEVICE:-cuda}"
+           dtype="${FID_DTYPE:-bfloat16}" ${FID_ARGS:-})
+if want fidelity; then
+    rm -rf "$OUT/profiles"
+    step "calibration" 180 python3 -m experiments.calibrate "${FID_SETUP[@]}" --quick --force --out "$OUT/profiles"
+    PROFILE=$(ls "$OUT"/profiles/*.json 2>/dev/null | head -1)
+    if [[ -n $PROFILE ]]; then
+        step "fidelity (reduced)" 300 python3 -m experiments.studies.fidelity "${FID_SETUP[@]}" --profile "$PROFILE" \
+            --out "$OUT/fidelity" --scale "${FID_SCALE:-0.25}" --probe-repeats 1 --traces synthetic \
+            ${FID_STUDY_ARGS:---repeats 3 --concurrency 1 16 64 --loads 0.5 1.0 1.2}
+    else
+        STATUS+=("fidelity (reduced): skipped (no profile)")
+    fi
+fi
 
 echo
 echo "================ gpu_check summary ($(( $(date +%s) - START ))s) ================"
@@ -76,4 +104,5 @@ for r in bad:
 EOF
 [[ -f "$OUT/host_overhead.md" ]] && grep "^| " "$OUT/host_overhead.md" | cut -d'|' -f1-5
 [[ -f "$OUT/throughput.md" ]] && { grep "^| \|^Roofline" "$OUT/throughput.md" | cut -c1-220; }
+[[ -f "$OUT/fidelity/summary.md" ]] && grep -A12 "^### executor.cost_model=profile" "$OUT/fidelity/summary.md" | cut -c1-220
 exit 0
