@@ -57,6 +57,11 @@ class Study:
         self.args = args
         self.profile = args.profile
         meta = json.loads(args.profile.read_text())
+        if "operators" in args.cost_models and not meta.get("operators"):
+            raise SystemExit(
+                f"{args.profile} has no operator microbenchmarks (calibrated before they existed, or with "
+                "--no-operators): re-calibrate, or pass --cost-models profile"
+            )
         check = meta.get("self_check") or {}
         self.reference_probe = (check.get("probe_seconds") or [None])[0]  # the calibration's start probe
         self.setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]

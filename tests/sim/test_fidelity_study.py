@@ -45,6 +45,15 @@ def test_knee_interpolates_between_the_last_met_and_first_missed_load():
     assert math.isnan(knee([1, 2], [0.5, 0.1])[0])
 
 
+def test_a_profile_without_operators_is_refused_before_any_run(tmp_path, profile):
+    meta = json.loads(profile.read_text())
+    del meta["operators"]
+    profile.write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match="no operator microbenchmarks"):
+        fidelity.main(["--profile", str(profile), "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x" / "runs").exists()
+
+
 def test_study_small_scale(tmp_path, profile, monkeypatch):
     monkeypatch.setenv("TESTBED_KERNEL", "torch")
     out = tmp_path / "study"
