@@ -118,11 +118,15 @@ def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
         _set(c, "results.sweep_table", str(own))
         try:
             summaries.append(run(c, run_dir / f"repeat{i}"))
-        finally:
-            if outer.resolve() != own.resolve():
+        finally:  # an interrupted or failed repeat has its row too; one that never started has none
+            if outer.resolve() != own.resolve() and _rows(own) > i:
                 _copy_last_row(own, outer)
     ci = write_aggregate(own)
     return {"repeats": len(summaries), "summaries": summaries, "sweep_ci": ci}
+
+
+def _rows(table: Path) -> int:
+    return len(read_sweep(table, include_incomplete=True)) if table.exists() else 0
 
 
 def _copy_last_row(own: Path, outer: Path) -> None:

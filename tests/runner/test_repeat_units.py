@@ -130,3 +130,25 @@ def test_repeats_of_the_built_in_prompt_set_are_refused(tmp_path):
 
     with pytest.raises(ValueError, match="replay.repeats"):
         run_offline(None, None, tmp_path, OmegaConf.create({"replay": {"repeats": 3}}))
+
+
+def test_a_repeat_that_never_started_leaves_no_row(tmp_path, monkeypatch):
+    """Repeat 1 fails before replaying (no row of its own): the table above gets repeat 0's row once."""
+    from experiments import repeats
+    from experiments.runner import run_trace
+
+    from ..cluster.helpers import SIM as SIM_8B
+    from ..cluster.helpers import SMALL_TRACE, cfg
+
+    calls = []
+
+    def run_one(c, d):
+        calls.append(d.name)
+        if d.name == "repeat1":
+            raise RuntimeError("no engine")
+        return run_trace(c, d)
+
+    with pytest.raises(RuntimeError, match="no engine"):
+        repeats.run_repeats(cfg(*SIM_8B, *SMALL_TRACE, "replay.repeats=3"), tmp_path / "A", run_one=run_one)
+    assert calls == ["repeat0", "repeat1"]
+    assert list(pd.read_csv(tmp_path / "sweep.csv")["run_dir"]) == ["A/repeat0"]
