@@ -33,21 +33,23 @@ def _compose(*overrides):
 
 
 def _compose_option(group: str, option: str):
-    """The config with one group option chosen (added, for a group outside the defaults list)."""
+    """The config with one group option chosen (added, for a group outside the defaults list); inside an
+    initialize_config_dir context."""
     if not group:
-        return _compose()
+        return compose("config")
     try:
-        return _compose(f"{group}={option}")
+        return compose("config", overrides=[f"{group}={option}"])
     except ConfigCompositionException:
-        return _compose(f"+{group}={option}")
+        return compose("config", overrides=[f"+{group}={option}"])
 
 
 def test_every_seed_key_of_conf_is_listed():
     """Compose every option of every group (and the defaults): a key whose name says seed is in SEED_KEYS,
     and changing it leaves config_id alone."""
     seen = set()
-    for group, option in [("", "")] + _options():
-        cfg = _compose_option(group, option)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        composed = [(g, o, _compose_option(g, o)) for g, o in [("", "")] + _options()]
+    for group, option, cfg in composed:
         resolved = OmegaConf.to_container(cfg, resolve=True)
         for path, value in _leaves(resolved):
             name = path.rsplit(".", 1)[-1]
