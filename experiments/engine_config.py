@@ -10,6 +10,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
     options = OmegaConf.to_container(sched.options, resolve=True) if sched.get("options") else {}
     return EngineConfig(
         model=cfg.model.name,
+        hf_config=_plain(cfg.model.get("hf_config")),
         kernel=cfg.kernel.name,
         scheduler=sched.name,
         scheduler_options=options,
@@ -45,7 +46,12 @@ def _sim_config(cfg: DictConfig) -> dict | None:
         return None
     sim = OmegaConf.to_container(cfg.executor, resolve=True)
     sim.pop("name")
+    sim["device"] = _plain(cfg.device)  # the spec sheet's values, overrides applied
     return sim
+
+
+def _plain(node):
+    return OmegaConf.to_container(node, resolve=True) if node is not None else None
 
 
 def _spec_config(cfg: DictConfig) -> dict | None:

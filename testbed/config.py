@@ -7,7 +7,8 @@ from testbed.validation import check_engine_config
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m"  # built-in name, conf/model shape name, or HF folder path
+    model: str = "smollm2-135m"  # built-in model or shape (testbed/specs/model/), or an HF folder path
+    hf_config: dict | None = None  # values over the model's config.json / built-in shape (vLLM's hf_overrides)
     tokenizer: str | None = None  # another model's tokenizer (built-in name or HF folder); None: the model's
     kernel: str = "auto"  # attention/layer kernels: auto | torch | triton | cpu (auto: fastest that works here)
     scheduler: str = "fcfs"  # policy name (testbed.core.policies)
@@ -37,7 +38,8 @@ class EngineConfig:
     async_scheduling: bool | None = None  # schedule step N+1 while step N runs; None: on CUDA (see Engine)
     null_step_time_s: float = 0.0  # executor=null: hold the "device" this long per step (overlap benchmarks)
     executor: str = "real"  # real (the model) | null (no model: host-side cost) | sim (a cost model, virtual clock)
-    sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device, ...)
+    sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device: a
+    # built-in name or the spec sheet's values, ...)
     tensor_parallel_size: int = 1  # ranks one model is split over (testbed.parallel); KV budgets are per rank
     distributed_timeout_s: float = 120.0  # TP: a collective not done by then fails the engine (dead or hung rank)
 
@@ -54,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"num_cpu_blocks must be >= 1, got {self.num_cpu_blocks}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.hf_config is not None and not isinstance(self.hf_config, dict):
+            raise ValueError(f"hf_config must be a mapping of config.json keys, got {self.hf_config!r}")
         from testbed.parallel.config import check_parallel_config
 
         check_parallel_config(self)

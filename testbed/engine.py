@@ -79,7 +79,7 @@ class Engine:
         bs = config.block_size
         if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
-        spec = load_model_spec(config.model, config.max_model_len, config.tokenizer)
+        spec = load_model_spec(config.model, config.max_model_len, config.tokenizer, config.hf_config)
         self.arch, self.tokenizer, self.model_name, self.max_model_len = (
             spec.arch,
             spec.tokenizer,

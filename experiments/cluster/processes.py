@@ -128,7 +128,9 @@ class ProcessCluster:
 
         from testbed.models.build import load_model_spec
 
-        self.model = load_model_spec(engine_config.model, engine_config.max_model_len, engine_config.tokenizer)
+        self.model = load_model_spec(
+            engine_config.model, engine_config.max_model_len, engine_config.tokenizer, engine_config.hf_config
+        )
         # what the console summary reads from an engine
         self.description = SimpleNamespace(
             config=engine_config, model_name=self.model.name, device=engine_config.device or "auto"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from testbed.cluster.links import LinkSpec, load_link
 from testbed.cluster.routers import ROUTERS
 
 
@@ -15,7 +16,7 @@ class ClusterConfig:
     decode_router: str = "least_outstanding"  # P/D: which decode replica takes a prefilled request
     prefill_replicas: int = 0  # P/D disaggregation: P prefill and D decode replicas (both > 0)
     decode_replicas: int = 0
-    link: str | dict = "ib-400g"  # P/D KV transfer link: conf/link/NAME.yaml, or {bandwidth_gbs, latency_us}
+    link: str | dict | LinkSpec = "ib-400g"  # P/D KV transfer link: its values, or a built-in name
     backends: list = field(default_factory=list)  # mode=route: URLs of testbed-serve backends
     probe_interval_s: float = 1.0  # mode=route: /health probe period per backend
     probe_timeout_s: float = 2.0
@@ -42,6 +43,7 @@ class ClusterConfig:
         for name in ("router", "decode_router"):
             if getattr(self, name) not in ROUTERS:
                 raise ValueError(f"cluster.{name}: unknown router {getattr(self, name)!r}; one of {sorted(ROUTERS)}")
+        self.link = load_link(self.link)
         if not isinstance(self.router_options, dict):
             raise ValueError(f"cluster.router_options must be a mapping, got {self.router_options!r}")
         for name in ("probe_interval_s", "probe_timeout_s", "request_timeout_s"):

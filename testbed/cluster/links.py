@@ -1,5 +1,6 @@
-"""KV transfer links between prefill and decode replicas: conf/link/NAME.yaml (bandwidth one way, GB/s =
-1e9 bytes/s, from each link's specification; latency per transfer, assumed where no spec gives one).
+"""KV transfer links between prefill and decode replicas (bandwidth one way, GB/s = 1e9 bytes/s, from each
+link's specification; latency per transfer, assumed where no spec gives one). A composed run passes the
+`link` group's values; a bare name reads the built-in sheet in testbed/specs/link/.
 
 A transfer of B bytes takes B / bandwidth + latency (no protocol overhead, no congestion beyond the
 decode replica's own link, which carries one transfer at a time: see testbed.cluster.disaggregated)."""
@@ -8,11 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
-
-LINK_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "link"
+from testbed.specs import builtin_names, builtin_spec
 
 
 @dataclass(frozen=True)
@@ -37,18 +35,18 @@ class LinkSpec:
 
 
 def known_links() -> list[str]:
-    return sorted(p.stem for p in LINK_CONF_DIR.glob("*.yaml"))
+    return builtin_names("link")
 
 
 def load_link(value: str | dict | LinkSpec) -> LinkSpec:
-    """A link by name (conf/link/NAME.yaml) or from a mapping {name, bandwidth_gbs, latency_us[, source]}."""
+    """A link by built-in name or from a mapping {name, bandwidth_gbs, latency_us[, source]}."""
     if isinstance(value, LinkSpec):
         return value
     if isinstance(value, str):
-        path = LINK_CONF_DIR / f"{value}.yaml"
-        if not path.exists():
-            raise ValueError(f"unknown link {value!r}: no {path} (known: {', '.join(known_links())})")
-        value = {"name": value, **(yaml.safe_load(path.read_text()) or {})}
+        conf = builtin_spec("link", value)
+        if conf is None:
+            raise ValueError(f"unknown link {value!r} (built in: {', '.join(known_links())})")
+        value = {"name": value, **conf}
     if not isinstance(value, dict):
         raise ValueError(f"cluster.link must be a link name or a mapping, got {value!r}")
     missing = [k for k in ("bandwidth_gbs", "latency_us") if k not in value]

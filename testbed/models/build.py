@@ -31,9 +31,12 @@ class ModelSpec:
         return ids
 
 
-def load_model_spec(name: str, max_model_len: int | None = None, tokenizer: str | None = None) -> ModelSpec:
-    """tokenizer: take the tokenizer of this model name or folder instead (vLLM's --tokenizer)."""
-    resolved = resolve_model(name)
+def load_model_spec(
+    name: str, max_model_len: int | None = None, tokenizer: str | None = None, hf_config: dict | None = None
+) -> ModelSpec:
+    """tokenizer: take the tokenizer of this model name or folder instead (vLLM's --tokenizer); hf_config:
+    values over the model's own config (testbed.models.registry)."""
+    resolved = resolve_model(name, hf_config)
     arch = ModelArch.from_hf_config(resolved.hf_config)
     if max_model_len is not None and max_model_len > arch.max_position_embeddings:
         raise ValueError(

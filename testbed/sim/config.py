@@ -2,13 +2,15 @@
 
 from dataclasses import dataclass, fields
 
+from testbed.sim.devices import DeviceSpec, load_device
+
 COST_MODELS = ("roofline", "profile", "operators", "replay_steps")
 
 
 @dataclass
 class SimConfig:
     cost_model: str = "roofline"  # roofline | profile | operators | replay_steps
-    device: str | None = None  # roofline: conf/device/NAME.yaml with a spec sheet
+    device: str | dict | DeviceSpec | None = None  # roofline: a spec sheet (its values, or a built-in name)
     profile: str | None = None  # profile, operators: a profile JSON (experiments.calibrate writes results/profiles/)
     run: str | None = None  # replay_steps: the folder of a recorded real run (clock.parquet, steps.parquet)
     spec_acceptance: float = 0.7  # speculative decoding: each draft accepted with this probability
@@ -18,8 +20,10 @@ class SimConfig:
     def __post_init__(self):
         if self.cost_model not in COST_MODELS:
             raise ValueError(f"sim cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
-        if self.cost_model == "roofline" and not self.device:
-            raise ValueError("the roofline cost model needs a device with a spec sheet (device=h100-sxm, ...)")
+        if self.cost_model == "roofline":
+            if not self.device:
+                raise ValueError("the roofline cost model needs a device with a spec sheet (device=h100-sxm, ...)")
+            self.device = load_device(self.device)
         if self.cost_model in ("profile", "operators") and not self.profile:
             raise ValueError(f"the {self.cost_model} cost model needs a profile file (executor.profile=PATH)")
         if self.cost_model == "replay_steps" and not self.run:

@@ -1,12 +1,17 @@
-"""Device descriptions for the roofline cost model: conf/device/NAME.yaml (spec-sheet bandwidth and
-dense bf16 rate, achievable-efficiency factors, per-step and per-sequence overheads)."""
+"""Device descriptions for the roofline cost model (spec-sheet bandwidth and dense bf16 rate,
+achievable-efficiency factors, per-step and per-sequence overheads).
 
-from dataclasses import dataclass, field
-from pathlib import Path
+A DeviceSpec is built from values: a composed run passes the `device` group's mapping (overrides
+applied); a bare name reads the built-in sheet in testbed/specs/device/."""
 
-import yaml
+from __future__ import annotations
 
-DEVICE_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "device"
+import math
+from dataclasses import dataclass, field, fields
+
+from testbed.specs import builtin_names, builtin_spec
+
+SHEET_KEYS = ("memory_gb", "hbm_bandwidth_gbs", "bf16_tflops")
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,19 @@ class DeviceSpec:
     step_overhead_us: float = 0.0
     seq_overhead_us: float = 0.0
     source: str = ""
+    torch_device: str | None = None  # what the real engine runs on (cuda | cpu | None: auto)
+
+    def __post_init__(self):
+        for key in (*SHEET_KEYS, "step_overhead_us", "seq_overhead_us"):
+            value = getattr(self, key)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or value < 0 or (key in SHEET_KEYS and value == 0):
+                raise ValueError(f"device {self.name!r}: {key} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.efficiency, dict) or sorted(self.efficiency) != ["bandwidth", "flops"]:
+            raise ValueError(f"device {self.name!r}: efficiency must be {{flops, bandwidth}}, got {self.efficiency!r}")
+        for key, value in self.efficiency.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"device {self.name!r}: efficiency.{key} must be in (0, 1], got {value!r}")
 
     @property
     def flops(self) -> float:
@@ -32,31 +50,32 @@ class DeviceSpec:
 
 
 def known_devices() -> list[str]:
-    return sorted(p.stem for p in DEVICE_CONF_DIR.glob("*.yaml"))
+    return builtin_names("device")
 
 
-def load_device(name: str) -> DeviceSpec:
-    path = DEVICE_CONF_DIR / f"{name}.yaml"
-    if not path.exists():
-        raise ValueError(f"unknown device {name!r}: no {path} (known: {', '.join(known_devices())})")
-    conf = yaml.safe_load(path.read_text()) or {}
-    missing = [k for k in ("memory_gb", "hbm_bandwidth_gbs", "bf16_tflops") if k not in conf]
+def load_device(value: str | dict | DeviceSpec) -> DeviceSpec:
+    """A device with a spec sheet: a DeviceSpec, a mapping of its fields (the composed `device` group), or
+    the name of a built-in sheet."""
+    if isinstance(value, DeviceSpec):
+        return value
+    if isinstance(value, str):
+        conf = builtin_spec("device", value)
+        if conf is None:
+            raise ValueError(f"unknown device {value!r} (built in: {', '.join(known_devices())})")
+        value = {"name": value, **conf}
+    if not isinstance(value, dict):
+        raise ValueError(f"a device is a name or a mapping of its spec sheet, got {value!r}")
+    name = value.get("name", "custom")
+    missing = [k for k in SHEET_KEYS if value.get(k) is None]
     if missing:
         raise ValueError(
-            f"device {name!r} has no spec sheet ({path} lacks {missing}): the roofline cost model "
+            f"device {name!r} has no spec sheet (lacks {missing}): the roofline cost model "
             "cannot price it; simulate it with a measured profile (executor.cost_model=profile)"
         )
-    eff = dict(conf.get("efficiency") or {})
-    for key in ("flops", "bandwidth"):
-        if not 0 < eff.get(key, 0) <= 1:
-            raise ValueError(f"{path}: efficiency.{key} must be in (0, 1], got {eff.get(key)}")
-    return DeviceSpec(
-        conf.get("name", name),
-        float(conf["memory_gb"]),
-        float(conf["hbm_bandwidth_gbs"]),
-        float(conf["bf16_tflops"]),
-        eff,
-        float(conf.get("step_overhead_us", 0.0)),
-        float(conf.get("seq_overhead_us", 0.0)),
-        conf.get("source", ""),
-    )
+    known = {f.name for f in fields(DeviceSpec)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"device {name!r}: unknown keys {unknown}; known: {sorted(known)}")
+    values = {k: v for k, v in value.items() if v is not None}
+    values["efficiency"] = dict(values.get("efficiency") or {"flops": 0.7, "bandwidth": 0.8})
+    return DeviceSpec(**{"name": name, **values})
