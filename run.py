@@ -17,12 +17,14 @@ CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     from experiments.runner import build_engine
+    from experiments.settings import run_settings
     from testbed.cluster.config import ClusterConfig
     from testbed.parallel.worker import serve_if_worker
 
     if serve_if_worker():  # torchrun / srun rank > 0: a tensor-parallel worker of rank 0's engine
         return None
 
+    run_settings(cfg)  # every group checked first: a bad key or value is refused, naming it, before the run
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # mode=null: replay when a trace is given (trace=azure ...), else the built-in offline prompt set
     mode = cfg.mode or ("replay" if cfg.get("trace") else "offline")

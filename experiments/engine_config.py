@@ -1,61 +1,105 @@
-"""Map a Hydra config onto the engine's EngineConfig (the one place that knows both shapes)."""
+"""Map a composed Hydra config onto the engine's EngineConfig (the one place that knows both shapes).
+
+Each engine group is consumed whole: a key that no engine setting reads is refused naming it (a new key
+must be mapped here, or it would be silently dropped), values are type-checked against EngineConfig's
+fields, and a refused value is reported under its config key (`cache.block_size: ...`). Spec sheets travel
+as values: the model group's hf_config, the device group's sheet (executor=sim), never a name to look up.
+"""
+
+import re
 
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.config import EngineConfig
 
+# group key -> EngineConfig field, per group the engine reads
+GROUP_FIELDS = {
+    "model": {"name": "model", "hf_config": "hf_config"},
+    "kernel": {"name": "kernel"},
+    "scheduler": {
+        "name": "scheduler",
+        "options": "scheduler_options",
+        "max_num_batched_tokens": "max_num_batched_tokens",
+        "max_num_seqs": "max_num_seqs",
+        "enable_chunked_prefill": "enable_chunked_prefill",
+        "preemption_mode": None,  # the policy's default for cache.preemption_mode (conf/cache/*.yaml read it)
+    },
+    "cache": {
+        "name": "cache",
+        "block_size": "block_size",
+        "num_blocks": "num_blocks",
+        "memory_gb": "kv_cache_memory_gb",
+        "dtype": "kv_cache_dtype",
+        "gpu_memory_utilization": "gpu_memory_utilization",
+        "prefix_caching": "enable_prefix_caching",
+        "eviction": "eviction",
+        "preemption_mode": "preemption_mode",
+        "swap_space_gb": "swap_space_gb",
+        "num_cpu_blocks": "num_cpu_blocks",
+    },
+    "device": {"torch_device": "device"},
+    "parallel": {"tensor_parallel_size": "tensor_parallel_size", "timeout_s": "distributed_timeout_s"},  # the rest is the spec sheet: the simulator's (sim_config.device)
+}
+TOP_FIELDS = {"seed": "seed", "dtype": "dtype", "max_model_len": "max_model_len"}
+EXECUTORS = {"real": {"name"}, "null": {"name", "step_time_s"}}  # sim: every other key is a SimConfig field
+
 
 def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
-    sched, cache = cfg.scheduler, cfg.cache
-    options = OmegaConf.to_container(sched.options, resolve=True) if sched.get("options") else {}
-    return EngineConfig(
-        model=cfg.model.name,
-        hf_config=_plain(cfg.model.get("hf_config")),
-        kernel=cfg.kernel.name,
-        scheduler=sched.name,
-        scheduler_options=options,
-        cache=cache.get("name", "paged"),
-        eviction=cache.get("eviction", "lru"),
-        preemption_mode=cache.get("preemption_mode", "recompute"),
-        swap_space_gb=cache.get("swap_space_gb", 1.0),
-        num_cpu_blocks=cache.get("num_cpu_blocks", None),
-        block_size=cache.block_size,
-        num_blocks=cache.num_blocks,
-        kv_cache_memory_gb=cache.memory_gb,
-        kv_cache_dtype=cache.get("dtype", "auto"),
-        gpu_memory_utilization=cache.gpu_memory_utilization,
-        enable_prefix_caching=cache.prefix_caching,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        max_num_seqs=sched.max_num_seqs,
-        enable_chunked_prefill=sched.enable_chunked_prefill,
-        max_model_len=cfg.max_model_len,
-        dtype=cfg.dtype,
-        device=cfg.device.get("torch_device"),
-        seed=cfg.seed,
-        speculative_config=_spec_config(cfg),
-        executor=cfg.executor.name,
-        sim_config=_sim_config(cfg),
-        null_step_time_s=cfg.executor.get("step_time_s", 0.0),
-        tensor_parallel_size=cfg.parallel.tensor_parallel_size,
-        distributed_timeout_s=cfg.parallel.timeout_s,
-    )
+    values, keys = {}, {}  # EngineConfig field -> value, and -> the config key it came from
+    for group, mapping in GROUP_FIELDS.items():
+        node = _plain(cfg[group])
+        unknown = sorted(set(node) - set(mapping) - ({"name", *_sheet_keys(node)} if group == "device" else set()))
+        if unknown:
+            raise ValueError(f"{group}.{unknown[0]}: not a setting the engine reads ({group} keys: {sorted(mapping)})")
+        for key, field in mapping.items():
+            if field is not None and key in node:
+                values[field], keys[field] = node[key], f"{group}.{key}"
+    for key, field in TOP_FIELDS.items():
+        values[field], keys[field] = _plain(cfg[key]), key
+    executor = _plain(cfg.executor)
+    values["executor"], keys["executor"] = executor["name"], "executor.name"
+    if executor["name"] in EXECUTORS:
+        unknown = sorted(set(executor) - EXECUTORS[executor["name"]])
+        if unknown:
+            raise ValueError(f"executor.{unknown[0]}: not a setting of executor {executor['name']!r}")
+        if "step_time_s" in executor:
+            values["null_step_time_s"], keys["null_step_time_s"] = executor["step_time_s"], "executor.step_time_s"
+    else:  # sim: SimConfig refuses keys it does not know
+        sim = {k: v for k, v in executor.items() if k != "name"}
+        values["sim_config"], keys["sim_config"] = {**sim, "device": _plain(cfg.device)}, "executor"
+    values["speculative_config"], keys["speculative_config"] = _spec_config(cfg), "spec"
+    if "sim_config" in values:  # its own fields, and the device sheet's, name themselves in its errors
+        keys.update({k: f"executor.{k}" for k in values["sim_config"] if k != "device"})
+        keys.update({k: f"device.{k}" for k in _sheet_keys(values["sim_config"]["device"]) if k != "name"})
+    try:
+        return EngineConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise type(e)(_named(str(e), keys)) from e
 
 
-def _sim_config(cfg: DictConfig) -> dict | None:
-    if cfg.executor.name != "sim":
-        return None
-    sim = OmegaConf.to_container(cfg.executor, resolve=True)
-    sim.pop("name")
-    sim["device"] = _plain(cfg.device)  # the spec sheet's values, overrides applied
-    return sim
+def _named(message: str, keys: dict) -> str:
+    """The message led by the config key of the field it is about (`block_size must ...` ->
+    `cache.block_size: block_size must ...`); unchanged when it names none."""
+    match = re.search(r"\b(\w+)(?::| must\b)", message)
+    if match is None or match.group(1) not in keys:
+        return message
+    return f"{keys[match.group(1)]}: {message.removeprefix(match.group(1) + ': ')}"
 
 
-def _plain(node):
-    return OmegaConf.to_container(node, resolve=True) if node is not None else None
+def _sheet_keys(device: dict) -> set:
+    from dataclasses import fields
+
+    from testbed.sim.devices import DeviceSpec
+
+    return {f.name for f in fields(DeviceSpec)} & set(device)
 
 
 def _spec_config(cfg: DictConfig) -> dict | None:
     spec = cfg.get("spec")
     if not spec or spec.get("method", "none") == "none":
         return None
-    return OmegaConf.to_container(spec, resolve=True)
+    return _plain(spec)
+
+
+def _plain(node):
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node

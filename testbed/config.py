@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field, fields
 
+from testbed.typecheck import check_field_types
 from testbed.validation import check_engine_config
 
 
@@ -44,6 +45,7 @@ class EngineConfig:
     distributed_timeout_s: float = 120.0  # TP: a collective not done by then fails the engine (dead or hung rank)
 
     def __post_init__(self):
+        check_field_types(self)
         if not 1 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be in [1, 1024], got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -29,7 +29,7 @@ ROUTERS = {  # label -> cluster overrides
     "least_kv": ["cluster.router=least_kv"],
     "power_of_two": ["cluster.router=power_of_two"],
     "prefix_affinity": ["cluster.router=prefix_affinity"],
-    "prefix_affinity (ring only)": ["cluster.router=prefix_affinity", "+cluster.router_options.cache_aware=false"],
+    "prefix_affinity (ring only)": ["cluster.router=prefix_affinity", "cluster.router_options={cache_aware:false}"],
 }
 # per trace: SLOs (ms), arrival speed-up for 4 replicas, window starts (rows) and length
 # (Mooncake: its last 1,200 rows, where its hash ids repeat most within a window; scale4 puts the 4-replica

@@ -3,6 +3,7 @@ Hydra's config groups and what the library reads for a bare name; a non-editable
 
 import fnmatch
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,9 +65,13 @@ def test_package_data_ships_every_builtin_sheet():
 @pytest.mark.slow
 def test_a_non_editable_install_runs_builtin_names_outside_the_checkout(tmp_path):
     """pip install . (no -e) into a fresh target folder; the library, run from elsewhere, finds its sheets."""
-    target = tmp_path / "site"
+    source, target = tmp_path / "src", tmp_path / "site"
+    source.mkdir()  # a copy of the sources: setuptools leaves a build/ folder in the tree it builds
+    for name in ("pyproject.toml", "run.py", "serve.py", "testbed", "kernels", "experiments", "benchmarks"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", target, ROOT],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", target, source],
         check=True,
         cwd=tmp_path,
     )

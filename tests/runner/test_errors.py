@@ -74,8 +74,8 @@ def test_interrupt_or_crash_mid_run_keeps_measurements(tmp_path, tiny_cfg, exc):
         "trace=synthetic",
         "trace.num_requests=20",
         "trace.rate=null",
-        "trace.prompt_len.value=16",
-        "trace.output_len.value=10",
+        "trace.prompt_len={dist:fixed,value:16}",
+        "trace.output_len={dist:fixed,value:10}",
         "scheduler.max_num_seqs=4",
     )
     engine = build_engine(cfg)

@@ -11,8 +11,8 @@ SMALL = [
     "trace=synthetic",
     "trace.num_requests=6",
     "trace.rate=50",
-    "trace.prompt_len.value=24",
-    "trace.output_len.value=3",
+    "trace.prompt_len={dist:fixed,value:24}",
+    "trace.output_len={dist:fixed,value:3}",
     "replay=open_loop",
 ]
 

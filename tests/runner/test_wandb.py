@@ -30,8 +30,8 @@ def test_offline_run_is_written(tmp_path, tiny_cfg, monkeypatch):
         "trace=synthetic",
         "trace.num_requests=4",
         "trace.rate=null",
-        "trace.prompt_len.value=16",
-        "trace.output_len.value=3",
+        "trace.prompt_len={dist:fixed,value:16}",
+        "trace.output_len={dist:fixed,value:3}",
         "wandb.enabled=true",
         "wandb.project=testbed-tests",
     )
@@ -60,8 +60,8 @@ def test_disabled_by_environment(tmp_path, tiny_cfg, monkeypatch):
         "trace=synthetic",
         "trace.num_requests=2",
         "trace.rate=null",
-        "trace.prompt_len.value=8",
-        "trace.output_len.value=2",
+        "trace.prompt_len={dist:fixed,value:8}",
+        "trace.output_len={dist:fixed,value:2}",
         "wandb.enabled=true",
     )
     run_trace(cfg, tmp_path / "run")
