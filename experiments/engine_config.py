@@ -37,8 +37,8 @@ GROUP_FIELDS = {
         "swap_space_gb": "swap_space_gb",
         "num_cpu_blocks": "num_cpu_blocks",
     },
-    "device": {"torch_device": "device"},
-    "parallel": {"tensor_parallel_size": "tensor_parallel_size", "timeout_s": "distributed_timeout_s"},  # the rest is the spec sheet: the simulator's (sim_config.device)
+    "device": {"torch_device": "device"},  # the rest is the spec sheet: the simulator's (sim_config.device)
+    "parallel": {"tensor_parallel_size": "tensor_parallel_size", "timeout_s": "distributed_timeout_s"},
 }
 TOP_FIELDS = {"seed": "seed", "dtype": "dtype", "max_model_len": "max_model_len"}
 EXECUTORS = {"real": {"name"}, "null": {"name", "step_time_s"}}  # sim: every other key is a SimConfig field

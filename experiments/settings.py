@@ -31,8 +31,10 @@ REPLAY_KEYS = {
     "max_duration_s": "positive",
     "repeats": "count",
     "repeat_seeds": None,  # a list of config keys (experiments.repeats checks they name integers)
+    "redraw_workload": "flag",
     "repeat": "index",
 }
+METRICS_KEYS = {"percentiles": None, "kv_access_log": "flag"}  # percentiles: checked in run_settings
 WORKLOAD_KEYS = {"num_prompts": "count", "max_tokens": "count", "temperature": "non-negative"}
 
 
@@ -45,7 +47,7 @@ class RunSettings:
     replay: dict
     workload: dict
     slo: dict
-    percentiles: tuple
+    metrics: dict  # percentiles (p50_ ... keys) and what else the recorder keeps
     server: ServerSettings
 
 
@@ -63,7 +65,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
         _checked("replay", _plain(cfg.replay), REPLAY_KEYS),
         _checked("workload", _plain(cfg.workload), WORKLOAD_KEYS),
         check_slo(_plain(cfg.slo)),
-        tuple(percentiles or DEFAULT_PERCENTILES),
+        {**_checked("metrics", _plain(cfg.metrics), METRICS_KEYS), "percentiles": percentiles or DEFAULT_PERCENTILES},
         ServerSettings.from_cfg(cfg.server),
     )
 
@@ -109,9 +111,12 @@ def _checked(group: str, values: dict, kinds: dict) -> dict:
             "index": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
             "positive": _number(value) and value > 0,
             "non-negative": _number(value) and value >= 0,
+            "flag": isinstance(value, bool),
         }[kind]
         if not ok:
-            what = {"count": "an integer >= 1", "index": "an integer >= 0"}.get(kind, f"a {kind} number")
+            what = {"count": "an integer >= 1", "index": "an integer >= 0", "flag": "true or false"}.get(
+                kind, f"a {kind} number"
+            )
             raise ValueError(f"{group}.{key}: must be null or {what}, got {value!r}")
     if group == "replay":
         from experiments.replay import MODES as REPLAY_MODES

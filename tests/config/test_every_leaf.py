@@ -88,6 +88,7 @@ ALTERNATIVES = {
     "replay.max_duration_s": [60.0],
     "replay.repeat_seeds": [["seed", "trace.seed"]],
     "replay.repeat": [1],
+    "replay.redraw_workload": [True, False],
     "slo.*": [100.0],
     "metrics.percentiles": [[50, 95]],
     "cluster.router": ["random"],
@@ -197,6 +198,7 @@ def live(cfg: DictConfig, path: str, base) -> tuple[bool, list[str]]:
 
 
 _BUILT: dict = {}  # (overrides, context index) -> (cfg, settings) or None where it does not build
+_REFUSED: dict = {}  # (overrides, context index) -> why it does not build
 
 
 def built_in(overrides: tuple, index: int):
@@ -204,8 +206,9 @@ def built_in(overrides: tuple, index: int):
         try:
             cfg = composed(*CONTEXTS[index], *overrides)
             _BUILT[overrides, index] = (cfg, run_settings(cfg))
-        except Exception:
+        except Exception as e:
             _BUILT[overrides, index] = None
+            _REFUSED[overrides, index] = f"{type(e).__name__}: {e}"
     return _BUILT[overrides, index]
 
 
@@ -230,7 +233,7 @@ def check(overrides: tuple, scope: str | None, proven: set[str], failures: dict[
                 failures.setdefault(path, []).extend(f"[{' '.join(overrides) or 'default'}] {w}" for w in why)
         if not pending:
             break
-    assert pending is not None, f"{overrides} builds in no context"
+    assert pending is not None, f"{overrides} builds in no context: {[_REFUSED[overrides, i] for i in range(3)]}"
 
 
 def identity(path: str) -> bool:
