@@ -14,7 +14,8 @@ request throughput, goodput), the difference A - B and a test of "no difference"
                (each pair is one draw of the run-to-run noise; same requests cancel the workload's share)
   Welch t      >= 2 runs per side on different workloads (e.g. redrawn per repeat but unpaired)
   bootstrap    one simulated run per side on the same requests: paired percentile bootstrap over the
-               requests (the simulator has no run-to-run noise; this covers which requests were drawn)
+               requests (the simulator has no run-to-run noise; this covers which requests were drawn).
+               Simulated runs of one workload draw (a seed sweep without trace.seed) count as one pair
   no verdict   one run per side of a machine-timed executor (real engine, null executor): run-to-run
                noise is not measured, so only the observed difference is reported
 Verdicts are family-wise at 5%: Holm's step-down over the tested metrics (Holm 1979; rejects whatever
@@ -297,8 +298,14 @@ def compare(
     chosen before looking has more power."""
     runs_a, runs_b = load_side(a, where_a), load_side(b, where_b)
     pairs, notes = pair_runs(runs_a, runs_b)
-    paired = all(same_workload(ra.requests, rb.requests) for ra, rb in pairs)
     machine = _machine_timed(runs_a + runs_b)
+    if not machine and len(pairs) > 1 and all(same_workload(pairs[0][0].requests, p[0].requests) for p in pairs):
+        notes.append(
+            f"the {len(pairs)} simulated runs per side ran one workload draw (a seed sweep leaves trace.seed alone): "
+            "compared as one pair, over its requests; replay.repeats redraws the workload per repeat"
+        )
+        pairs = pairs[:1]
+    paired = all(same_workload(ra.requests, rb.requests) for ra, rb in pairs)
     rows = _latency_rows(pairs, paired, statistics) + _run_rows(pairs)
     if metrics:
         unknown = set(metrics) - {r["metric"] for r in rows}

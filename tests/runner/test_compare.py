@@ -50,6 +50,16 @@ def test_one_simulated_run_per_side_is_tested_over_its_requests(tmp_path):
     assert "paired bootstrap over requests" in same.table["method"].iloc[0]
 
 
+def test_simulated_copies_of_one_workload_count_as_one_pair(tmp_path):
+    """A simulated seed sweep that kept trace.seed: every run per side saw the same requests, so its
+    repeats are not independent draws of the workload; compare treats them as one pair and says why."""
+    a = write_sweep(tmp_path / "a", 3, first_seed=10, executor="sim")
+    b = write_sweep(tmp_path / "b", 3, first_seed=20, executor="sim")
+    result = compare(a, b, n_resamples=200)
+    assert result.pairs == 1 and any("one workload draw" in n for n in result.notes)
+    assert "paired bootstrap over requests" in result.table.set_index("metric").loc["mean_ttft_ms", "method"]
+
+
 def test_different_workloads_are_compared_unpaired(tmp_path):
     """Repeats that redrew the workload on one side only (different requests): Welch t over runs."""
     a = write_sweep(tmp_path / "a", 4, first_seed=10)
