@@ -10,6 +10,7 @@
 #   6. simulator fidelity on the GPU: a calibration (step profile + operator microbenchmarks, its self-check
 #      recorded; --force so a noisy one still yields figures, marked so) and a reduced fidelity study
 #      (synthetic trace, closed loop c=1/16/64, open loop at 50/100/120% of capacity, 3 real repeats)
+#   7. with 2+ GPUs: tensor parallelism over NCCL, TP=2 vs TP=1 tokens and step time (skipped with one GPU)
 # Full results go to $OUT (or results/gpu_check/ when $OUT is unset); a short table is printed last.
 # Steps run in this order under a shared time budget (BUDGET_S, default 540 s) and are skipped once it is
 # spent, so one 10-minute device call is enough:
@@ -17,7 +18,7 @@
 #   run(command="bash experiments/gpu_check.sh", timeout_s=600)
 #
 # Nothing here needs Hydra. Optional: BENCH_ARGS="--model llama-3.1-8b" for the 8B shape (needs more time).
-# STEPS="tests idle throughput kernels host fidelity" (default: all) runs a subset. The fidelity step's
+# STEPS="tests idle throughput tp kernels host fidelity" (default: all) runs a subset. The fidelity step's
 # setup: FID_MODEL (llama-3.2-1b, shape only), FID_DEVICE (cuda), FID_KERNEL (triton), FID_DTYPE (bfloat16),
 # FID_SCALE (0.25), FID_ARGS (extra Hydra overrides for both), FID_STUDY_ARGS (the study's cells). On a
 # CPU, for the code path only (tests/sim/test_gpu_check_fidelity.py):
@@ -68,6 +69,18 @@ want idle && step "GPU idle gap (sync vs async scheduling)" 90 python3 -m benchm
 
 want throughput && step "throughput llama-3.2-1b" 300 python3 -m benchmarks.throughput --preset gpu --out "$OUT" \
     --name throughput --time-limit 60 --system-timeout 150 ${BENCH_ARGS:-}
+
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if ! want tp; then :
+elif (( NGPU >= 2 )); then  # tensor parallelism: NCCL, TP=2 tokens and step time against TP=1 (benchmarks/tp_step.py)
+    step "tensor parallel tests" 90 python3 -m pytest -q -o addopts="" -p no:cacheprovider -m gpu \
+        tests/parallel/test_tp_gpu.py
+    step "TP=1 vs TP=2 step time" 150 python3 -m benchmarks.tp_step --tp 2 --model llama-3.2-1b --device cuda \
+        --batch 32 --rounds 4 --out "$OUT"
+else
+    STATUS+=("tensor parallel: skipped (this device has $NGPU GPU; TP=2 needs 2)")
+    echo "== tensor parallel: skipped, this device has $NGPU GPU (TP=2 needs 2)" | tee -a "$LOG"
+fi
 
 want kernels && step "kernel check" 100 python3 -m benchmarks.gpu_kernel_check "$OUT/kernels.json" --iters 10
 

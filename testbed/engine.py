@@ -24,7 +24,7 @@ from testbed.isolation import RunInvalid, error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
-from testbed.parallel.config import shard_arch, tp_kernel
+from testbed.parallel.config import check_tensor_parallel, shard_arch, tp_kernel
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
 from testbed.sequence_group import SequenceGroup
@@ -80,6 +80,7 @@ class Engine:
         if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
         spec = load_model_spec(config.model, config.max_model_len, config.tokenizer, config.hf_config)
+        check_tensor_parallel(config.tensor_parallel_size, spec.arch, spec.name)  # before any block is made
         self.arch, self.tokenizer, self.model_name, self.max_model_len = (
             spec.arch,
             spec.tokenizer,

@@ -26,7 +26,7 @@ def check_parallel_config(config) -> None:
     if n == 1:
         return
     if config.executor == "sim":
-        raise ValueError("parallel.tensor_parallel_size > 1 with executor=sim is not priced yet")
+        return  # priced by testbed.parallel.sim_cost (testbed.sim.build checks the cost model)
     if config.executor == "null":
         raise ValueError("parallel.tensor_parallel_size > 1 runs with executor=real or executor=sim, not null")
     if config.kernel not in ("auto",) + TP_KERNELS:
@@ -44,9 +44,8 @@ def check_parallel_config(config) -> None:
         raise ValueError("cuda_graph_dry_run is not supported with parallel.tensor_parallel_size > 1 (TP runs eagerly)")
 
 
-def check_tensor_parallel(config, arch: ModelArch) -> None:
-    """Raise if the model's shape cannot be split over config.tensor_parallel_size ranks."""
-    n = config.tensor_parallel_size
+def check_tensor_parallel(n: int, arch: ModelArch, model: str) -> None:
+    """Raise if model `model`'s shape cannot be split over n ranks."""
     if n == 1:
         return
     heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
@@ -54,12 +53,11 @@ def check_tensor_parallel(config, arch: ModelArch) -> None:
         divisors = [d for d in range(1, kv_heads + 1) if not heads % d and not kv_heads % d]
         raise ValueError(
             f"parallel.tensor_parallel_size={n} must divide the model's {heads} query heads and {kv_heads} KV heads "
-            f"(model {config.model!r}); sizes that do: {divisors}"
+            f"(model {model!r}); sizes that do: {divisors}"
         )
     if arch.intermediate_size % n:
         raise ValueError(
-            f"parallel.tensor_parallel_size={n} must divide the MLP width {arch.intermediate_size} "
-            f"(model {config.model!r})"
+            f"parallel.tensor_parallel_size={n} must divide the MLP width {arch.intermediate_size} (model {model!r})"
         )
 
 

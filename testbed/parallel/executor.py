@@ -9,6 +9,7 @@ fails that step's requests, and every later step raises at once (the group canno
 import logging
 import multiprocessing.connection
 import socket
+import time
 import weakref
 
 import torch
@@ -97,7 +98,12 @@ class TensorParallel:
         """'rank r exited with code c' for each worker gone; wait_s: first wait that long for one to go (a
         collective can fail on a peer's closed socket before its process is reaped)."""
         if wait_s and self.procs:
-            multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
+            deadline = time.monotonic() + wait_s
+            ready = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
+            # a sentinel is ready when the process closes its files, a moment before it can be reaped
+            closing = [p for p in self.procs if p.sentinel in ready]
+            while any(p.exitcode is None for p in closing) and time.monotonic() < deadline:
+                time.sleep(0.02)
         return [
             f"rank {i + 1} exited with code {p.exitcode}" for i, p in enumerate(self.procs) if p.exitcode is not None
         ]
@@ -133,7 +139,7 @@ class TPExecutor(StepExecutor):
             self.tp.group.send(("step", message, dict(last_tokens)))
             return self.runner.run(local, last_tokens)
         except Exception as e:
-            dead = self.tp.dead_workers(wait_s=1.0)
+            dead = self.tp.dead_workers(wait_s=3.0)
             why = (
                 "; ".join(dead)
                 if dead

@@ -2,15 +2,12 @@
 
 import torch
 
-from testbed.parallel.config import check_tensor_parallel
-
 
 def start_tensor_parallel(config, spec, kernel: str, num_blocks: int, num_cpu_blocks, device, dtype):
-    """Check the config against the model, start (or join, under torchrun) the workers and send them the plan:
+    """Start (or join, under torchrun) the workers and send them the plan:
     a testbed.parallel.executor.TensorParallel, or None when tensor_parallel_size is 1."""
     if config.tensor_parallel_size == 1:
         return None
-    check_tensor_parallel(config, spec.arch)
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.device_count() < config.tensor_parallel_size:
         raise ValueError(

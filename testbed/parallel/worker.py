@@ -49,7 +49,7 @@ class WorkerShard:
 
     def __init__(self, plan: WorkerPlan, group: TPGroup):
         config = plan.config
-        spec = load_model_spec(config.model, config.max_model_len, config.tokenizer)
+        spec = load_model_spec(config.model, config.max_model_len, config.tokenizer, config.hf_config)
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
         self.device = group.device
         model = build_model(spec, get_backend(plan.kernel), dtype, self.device, config.seed)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from testbed.cluster.links import load_link
+from testbed.parallel.sim_cost import rank_arch
 from testbed.sim.clock import VirtualClock
 from testbed.sim.config import SimConfig
 from testbed.sim.executor import SimExecutor
@@ -18,12 +20,14 @@ class SimPlan:
     dtype: torch.dtype
     kernel: str  # the kernel a profile was measured with (auto resolves to it); else as configured
     recorded: object | None = None  # testbed.sim.recorded_run.RecordedRun (replay_steps)
+    tensor_parallel_size: int = 1  # each replica's ranks: sized and priced per rank (testbed.parallel.sim_cost)
 
     def num_blocks(self, arch, block_size: int, gpu_memory_utilization: float, kv_cache_memory_gb: float) -> int:
         """KV blocks of the simulated device: what its memory holds after the weights (roofline), the CPU
         budget (profile), or exactly the recorded run's (replay_steps)."""
         if self.recorded is not None and self.recorded.num_blocks:
             return self.recorded.num_blocks
+        arch = rank_arch(arch, self.tensor_parallel_size)  # one rank's weights and KV heads
         per_block = arch.kv_bytes_per_token(self.dtype.itemsize) * block_size
         if self.config.cost_model == "roofline":
             from testbed.sim.capacity import weight_bytes
@@ -48,6 +52,14 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
     if engine_config.executor != "sim":
         return None
     sim = SimConfig.from_any(engine_config.sim_config or {})
+    tp = engine_config.tensor_parallel_size
+    if tp > 1 and sim.cost_model not in ("roofline", "profile"):
+        raise ValueError(
+            f"executor.cost_model={sim.cost_model} does not price tensor parallelism "
+            "(parallel.tensor_parallel_size > 1 runs with roofline or profile)"
+        )
+    if tp > 1:
+        load_link(sim.tp_link)  # an unknown link fails now
     recorded = None
     dtype = engine_config.dtype
     kernel = engine_config.kernel
@@ -70,7 +82,7 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
         dtype = dtype or recorded.dtype
     if clock is None:
         clock = recorded.clock() if recorded is not None else VirtualClock()
-    return SimPlan(sim, clock, getattr(torch, dtype), kernel, recorded)
+    return SimPlan(sim, clock, getattr(torch, dtype), kernel, recorded, tp)
 
 
 def build_sim_executor(
@@ -85,7 +97,8 @@ def build_sim_executor(
         from testbed.sim.cost_models.roofline import RooflineCost
         from testbed.sim.devices import load_device
 
-        cost_model = RooflineCost(spec.arch, plan.dtype.itemsize, load_device(sim.device))
+        arch = rank_arch(spec.arch, plan.tensor_parallel_size)  # one rank's share
+        cost_model = RooflineCost(arch, plan.dtype.itemsize, load_device(sim.device))
     elif sim.cost_model in ("profile", "operators"):
         from testbed.sim.cost_models.operators import OperatorCost
         from testbed.sim.cost_models.profile import ProfileCost
@@ -101,6 +114,8 @@ def build_sim_executor(
         )
     else:
         cost_model = None  # the clock replays the recorded run's readings
+    if plan.tensor_parallel_size > 1:
+        cost_model = _tensor_parallel(cost_model, plan, spec)
     spec_config = SpeculativeConfig.from_any(speculative_config)
     speculator = None
     if spec_config.enabled:
@@ -108,3 +123,12 @@ def build_sim_executor(
     recorded = plan.recorded
     executor = SimExecutor(cost_model, plan.clock, token_id, speculator, sim.spec_acceptance, sim.seed, recorded)
     return executor, speculator
+
+
+def _tensor_parallel(cost_model, plan: SimPlan, spec):
+    """The rank's cost (roofline: already its shape; profile: scaled) plus the collectives over the TP link."""
+    from testbed.parallel.sim_cost import ScaledProfile, TensorParallelCost
+
+    n = plan.tensor_parallel_size
+    per_rank = cost_model if plan.config.cost_model == "roofline" else ScaledProfile(cost_model, n)
+    return TensorParallelCost(per_rank, spec.arch, plan.dtype.itemsize, n, load_link(plan.config.tp_link))

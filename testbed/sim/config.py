@@ -16,6 +16,7 @@ class SimConfig:
     spec_acceptance: float = 0.7  # speculative decoding: each draft accepted with this probability
     allow_extrapolation: bool = False  # profile: price batches beyond the calibrated range instead of refusing
     seed: int = 0  # draws of the acceptance model
+    tp_link: str | dict = "nvlink"  # parallel.tensor_parallel_size > 1: the link all-reduces are priced over
 
     def __post_init__(self):
         if self.cost_model not in COST_MODELS:

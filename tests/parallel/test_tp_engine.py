@@ -127,9 +127,9 @@ def test_refused_with_a_clear_error(kw, match):
 
 def test_head_counts_the_size_does_not_divide_are_refused():
     smollm2 = ModelArch.from_hf_config(resolve_model("smollm2-135m").hf_config)  # 9 query, 3 KV heads
-    check_tensor_parallel(EngineConfig(model="smollm2-135m", tensor_parallel_size=3), smollm2)
+    check_tensor_parallel(3, smollm2, "smollm2-135m")
     with pytest.raises(ValueError, match=r"must divide the model's 9 query heads and 3 KV heads .* do: \[1, 3\]"):
-        check_tensor_parallel(EngineConfig(model="smollm2-135m", tensor_parallel_size=2), smollm2)
+        check_tensor_parallel(2, smollm2, "smollm2-135m")
 
 
 @pytest.mark.parametrize("fault", ["kill", "hang"])

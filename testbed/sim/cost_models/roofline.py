@@ -7,7 +7,8 @@ Each class of work runs at the slower of its compute and memory time, at achieva
   prefill attn    4 * heads * head_dim * layers * causal query-key pairs   | the chunk's context KV read
   decode attn     4 * heads * head_dim * layers * KV tokens read           | those KV bytes
 plus the new tokens' KV written, a per-step and a per-sequence overhead. The classes are summed (they
-run one after another). Not modelled: tensor parallelism, kernel launch gaps beyond the overheads,
+run one after another). Tensor parallelism is priced around it (a rank's shape plus collectives:
+testbed/parallel/sim_cost.py). Not modelled: kernel launch gaps beyond the overheads,
 activation traffic, sampling cost, and the host work of scheduling (assumed hidden).
 """
 
