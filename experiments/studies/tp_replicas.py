@@ -19,7 +19,14 @@ import argparse
 import time
 from pathlib import Path
 
-from experiments.studies.cluster_runs import ROOT, RunTable, run_cluster_quietly, summarize_repeats, trace_path
+from experiments.studies.cluster_runs import (
+    ROOT,
+    RunTable,
+    ci95,
+    run_cluster_quietly,
+    summarize_repeats,
+    trace_path,
+)
 
 OUT = ROOT / "results" / "tp"
 LAYOUTS = {"TP=8 x 1": (8, 1), "TP=4 x 2": (4, 2), "TP=2 x 4": (2, 4)}  # label -> (TP size, replicas)
@@ -64,6 +71,23 @@ def overrides(layout: str, scale: float, window: int, requests: int) -> list[str
     ]
 
 
+def paired(frame):
+    """Each layout against TP=8 x 1 on the same window and load: goodput ratio and SLO-attainment difference,
+    mean and 95% t interval over windows (the windows' own load differences cancel)."""
+    import pandas as pd
+
+    base = frame[frame["layout"] == "TP=8 x 1"].set_index(["time_scale", "window"])
+    rows = []
+    for (layout, scale), group in frame[frame["layout"] != "TP=8 x 1"].groupby(["layout", "time_scale"]):
+        ref = base.loc[[(scale, w) for w in group["window"]]]
+        ratio = group["request_goodput"].to_numpy() / ref["request_goodput"].to_numpy()
+        diff = group["slo_attainment"].to_numpy() - ref["slo_attainment"].to_numpy()
+        (g, g_ci), (d, d_ci) = ci95(ratio), ci95(diff)
+        rows.append({"layout": layout, "time_scale": scale, "windows": len(group), "goodput_ratio": g,
+                     "goodput_ratio_ci95": g_ci, "slo_diff": d, "slo_diff_ci95": d_ci})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def plot(summary, path: Path) -> None:
     import matplotlib
 
@@ -103,13 +127,14 @@ def main(argv=None) -> None:
                 started = time.perf_counter()
                 s = run_cluster_quietly(overrides(layout, scale, window, args.requests))
                 row = {**key, "completed": s["completed"], **{m: s[m] for m in METRICS}}
-                row.update(num_blocks=s.get("num_blocks"), wall_s=time.perf_counter() - started)
+                row.update(wall_s=time.perf_counter() - started)
                 table.add(row)
                 print(f"x{scale:g} w={window} {layout}: goodput {s['request_goodput']:.2f} req/s, "
                       f"SLO {s['slo_attainment']:.0%}, median TTFT {s['median_ttft_ms']:.0f} ms, "
                       f"TPOT {s['median_tpot_ms']:.1f} ms ({row['wall_s']:.0f} s)", flush=True)  # fmt: skip
     summary = summarize_repeats(table.frame(), ["layout", "time_scale"], METRICS)
     summary.to_csv(args.out / "tp_replicas.csv", index=False)
+    paired(table.frame()).to_csv(args.out / "tp_replicas_paired.csv", index=False)
     plot(summary, args.out / "tp_replicas.png")
 
 
