@@ -38,7 +38,11 @@ GROUP_FIELDS = {
         "num_cpu_blocks": "num_cpu_blocks",
     },
     "device": {"torch_device": "device"},  # the rest is the spec sheet: the simulator's (sim_config.device)
-    "parallel": {"tensor_parallel_size": "tensor_parallel_size", "timeout_s": "distributed_timeout_s"},
+    "parallel": {
+        "tensor_parallel_size": "tensor_parallel_size",
+        "timeout_s": "distributed_timeout_s",
+        "link": None,  # executor=sim prices TP's collectives over it (conf/executor/sim.yaml: tp_link)
+    },
 }
 TOP_FIELDS = {"seed": "seed", "dtype": "dtype", "max_model_len": "max_model_len"}
 EXECUTORS = {"real": {"name"}, "null": {"name", "step_time_s"}}  # sim: every other key is a SimConfig field

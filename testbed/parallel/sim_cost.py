@@ -8,10 +8,10 @@ only moves the lookup and V * hidden of memory). The roofline prices that rank's
 profile (one device) is scaled: its per-step and per-sequence terms stay, the rest is divided by N
 (an assumption: perfect per-rank scaling of the fitted rates, no smaller-GEMM inefficiency).
 
-Collectives over the replica's intra-node link (parallel.link, a testbed/specs/link spec), ring algorithms (Thakur, Rabenseifner and
-Gropp, "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005; Patarasuk and Yuan,
-"Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 2009), each rank sending and
-receiving at the link's one-way bandwidth:
+Collectives over the replica's intra-node link (parallel.link, a testbed/specs/link spec), ring algorithms
+(Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH", IJHPCA
+2005; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 2009),
+each rank sending and receiving at the link's one-way bandwidth:
     all-reduce of B bytes   2 (N-1)/N * B / bw + 2 (N-1) * latency
     all-gather to B bytes     (N-1)/N * B / bw +   (N-1) * latency
 Two all-reduces per layer (after the attention output and the MLP down projection) and one logits

@@ -98,6 +98,8 @@ ALTERNATIVES = {
     "cluster.threads_per_replica": [2],
     "link.name": ["my-link"],
     "link.source": ["measured"],
+    "parallel.link.name": ["my-link"],
+    "parallel.link.source": ["measured"],
     "server.host": ["0.0.0.0"],
     "server.api_key": ["secret"],
     "server.served_model_name": ["served"],
