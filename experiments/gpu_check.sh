@@ -18,7 +18,10 @@
 #   run(command="bash experiments/gpu_check.sh", timeout_s=600)
 #
 # Nothing here needs Hydra. Optional: BENCH_ARGS="--model llama-3.1-8b" for the 8B shape (needs more time).
-# STEPS="tests idle throughput tp kernels host fidelity" (default: all) runs a subset. The fidelity step's
+# STEPS="tests idle throughput tp kernels host fidelity" (default: all) runs a subset. The fidelity step
+# comes last and is skipped once the shared budget is spent, so give it its own device call:
+#   run(command="STEPS=fidelity BUDGET_S=560 bash experiments/gpu_check.sh", timeout_s=600)
+# The fidelity step's
 # setup: FID_MODEL (llama-3.2-1b, shape only), FID_DEVICE (cuda), FID_KERNEL (triton), FID_DTYPE (bfloat16),
 # FID_SCALE (0.25), FID_ARGS (extra Hydra overrides for both), FID_STUDY_ARGS (the study's cells). On a
 # CPU, for the code path only (tests/sim/test_gpu_check_fidelity.py):
