@@ -170,7 +170,8 @@ class Study:
         slo = config_value(compose([*self.setup, *self.user]), "slo")
         header = (
             f"Fidelity study v2: profile `{self.profile.name}`, {self.args.repeats} real repeats per cell, "
-            f"SLO {json.dumps(dict(slo) if slo else None)}, knee at attainment >= {self.args.attainment}.\n\n"
+            f"SLO {json.dumps(dict(slo) if slo else None)}, knee at attainment >= {self.args.attainment}. "
+            "Simulations price batches beyond the calibrated range too (executor.allow_extrapolation=true).\n\n"
             "Environment: " + json.dumps(environment())
         )
         (out / "summary.md").write_text(report.summary_markdown(figs, knee_table, residuals, header))
