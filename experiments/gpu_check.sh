@@ -21,10 +21,9 @@
 # STEPS="tests idle throughput tp kernels host fidelity" (default: all) runs a subset. The fidelity step
 # comes last and is skipped once the shared budget is spent, so give it its own device call:
 #   run(command="STEPS=fidelity BUDGET_S=560 bash experiments/gpu_check.sh", timeout_s=600)
-# The fidelity step's
-# setup: FID_MODEL (llama-3.2-1b, shape only), FID_DEVICE (cuda), FID_KERNEL (triton), FID_DTYPE (bfloat16),
-# FID_SCALE (0.25), FID_ARGS (extra Hydra overrides for both), FID_STUDY_ARGS (the study's cells). On a
-# CPU, for the code path only (tests/sim/test_gpu_check_fidelity.py):
+# The fidelity step's setup: FID_MODEL (llama-3.2-1b, shape only), FID_DEVICE (cuda), FID_KERNEL (triton),
+# FID_DTYPE (bfloat16), FID_SCALE (0.25), FID_ARGS (extra Hydra overrides for both), FID_STUDY_ARGS (the
+# study's cells). On a CPU, for the code path only (tests/sim/test_gpu_check_fidelity.py):
 #   STEPS=fidelity FID_DEVICE=cpu FID_MODEL=tiny FID_KERNEL=torch FID_DTYPE=float32 FID_SCALE=0.07 \
 #   FID_ARGS="cache.num_blocks=128" FID_STUDY_ARGS="--repeats 2 --concurrency 4 --loads 0.5 1.2" \
 #   OMP_NUM_THREADS=1 bash experiments/gpu_check.sh
