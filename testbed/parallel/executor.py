@@ -79,6 +79,8 @@ class TensorParallel:
             init_default(0, n, method, SPAWN_JOIN_TIMEOUT_S)
         torch.distributed.broadcast_object_list([plan], src=0)
         self.group = make_group(0, n, plan.device_type, config.distributed_timeout_s)
+        if launched is not None:  # torchrun's workers wait for "stop": send it when this goes or at exit
+            self._finalizer = weakref.finalize(self, _stop, [], self.group)
         self.timeout_s = config.distributed_timeout_s
 
     def shard(self, model):
@@ -110,8 +112,7 @@ class TensorParallel:
 
     def close(self, stop: bool = True) -> None:
         """Workers stopped (asked, or killed when `stop` is False or they do not end) and the group destroyed."""
-        if self.procs:
-            self._finalizer.detach()
+        self._finalizer.detach()
         _stop(self.procs, self.group if stop else None)
 
 

@@ -169,3 +169,22 @@ def test_smollm2_tp3_greedy_matches_tp1():
         texts[n] = [(o.outputs[0].token_ids, o.outputs[0].text) for o in outs]
         llm.engine.close()
     assert texts[1] == texts[3]
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_same_code_with_env_rendezvous(tmp_path):
+    """torchrun starts both ranks: rank 0 runs the experiment, rank 1 serves as its worker, both exit 0."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "run.py", "model=tiny",
+               "kernel=torch", "parallel.tensor_parallel_size=2", "trace=synthetic", "trace.max_requests=4",
+               "trace.output_len={dist:fixed,value:8}", "trace.prompt_len={dist:fixed,value:32}", "progress=false",
+               f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["completed"] == 4
