@@ -36,6 +36,10 @@ GROUP_FIELDS = {
         "preemption_mode": "preemption_mode",
         "swap_space_gb": "swap_space_gb",
         "num_cpu_blocks": "num_cpu_blocks",
+        "host_tier_gb": None,  # these four make EngineConfig.host_tier (_host_tier)
+        "host_tier_blocks": None,
+        "host_tier_write": None,
+        "host_tier_link": None,
     },
     "device": {"torch_device": "device"},  # the rest is the spec sheet: the simulator's (sim_config.device)
     "parallel": {
@@ -72,6 +76,7 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         sim = {k: v for k, v in executor.items() if k != "name"}
         values["sim_config"], keys["sim_config"] = {**sim, "device": _plain(cfg.device)}, "executor"
     values["speculative_config"], keys["speculative_config"] = _spec_config(cfg), "spec"
+    values["host_tier"], keys["host_tier"] = _host_tier(_plain(cfg.cache)), "cache.host_tier_gb"
     if "sim_config" in values:  # its own fields, and the device sheet's, name themselves in its errors
         keys.update({k: f"executor.{k}" for k in values["sim_config"] if k != "device"})
         keys.update({k: f"device.{k}" for k in _sheet_keys(values["sim_config"]["device"]) if k != "name"})
@@ -107,3 +112,15 @@ def _spec_config(cfg: DictConfig) -> dict | None:
 
 def _plain(node):
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def _host_tier(cache: dict) -> dict | None:
+    """EngineConfig.host_tier from cache.host_tier_*: None (off) unless a size is given."""
+    if cache.get("host_tier_gb") is None and cache.get("host_tier_blocks") is None:
+        return None
+    return {
+        "gb": cache.get("host_tier_gb"),
+        "blocks": cache.get("host_tier_blocks"),
+        "write": cache.get("host_tier_write", "back"),
+        "link": cache.get("host_tier_link", "pcie-gen5"),
+    }

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
+from experiments.kv_metrics import kv_reuse_summary
 from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.kv_whatif.stream import access_frame
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
@@ -315,6 +316,7 @@ def replay_specs(
         )  # fmt: skip
         summary.update(spec_summary(engine))
         summary.update(executor_summary(engine))
+        summary.update(kv_reuse_summary(engine))
         tables = {} if access_log is None else {ACCESS_FILE: access_frame(access_log)}
         if isinstance(replay, SessionReplay):
             tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)

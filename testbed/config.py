@@ -41,6 +41,7 @@ class EngineConfig:
     executor: str = "real"  # real (the model) | null (no model: host-side cost) | sim (a cost model, virtual clock)
     sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device: a
     # built-in name or the spec sheet's values, ...)
+    host_tier: dict | None = None  # host-memory KV tier: testbed.core.host_tier.HostTierConfig fields (gb, write, ...)
     tensor_parallel_size: int = 1  # ranks one model is split over (testbed.parallel); KV budgets are per rank
     distributed_timeout_s: float = 120.0  # TP: a collective not done by then fails the engine (dead or hung rank)
 
@@ -75,6 +76,9 @@ class EngineConfig:
             raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
         if self.cuda_graph_sizes is not None and (not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1):
             raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}")
+        from testbed.core.host_tier import HostTierConfig
+
+        HostTierConfig.from_any(self.host_tier)  # validate early
         from testbed.spec.config import SpeculativeConfig
 
         SpeculativeConfig.from_any(self.speculative_config)  # validate early

@@ -11,6 +11,7 @@ import torch
 from testbed.attention import get_backend, resolve_kernel
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
+from testbed.core.host_tier import attach_host_tier, host_copy_cost
 from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -117,6 +118,8 @@ class Engine:
                 self.arch, self.kv_dtype, bs, config.swap_space_gb
             )
             swap = SwapManager(self.kv, num_cpu_blocks)
+        block_bytes = kv_bytes_per_block(self.arch, self.kv_dtype, bs)
+        num_cpu_blocks = attach_host_tier(config, self.kv, num_cpu_blocks, block_bytes)
         scheduler_config = SchedulerConfig(
             config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len
         )
@@ -127,6 +130,8 @@ class Engine:
         self.executor, self.model, self.spec = build_executor(
             config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler, sim
         )
+        if sim and getattr(self.kv, "host_tier", None) is not None:
+            self.executor.copy_cost = host_copy_cost(config, block_bytes)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
         self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config, sim) else None
         self.inflight = None  # (start, SchedulerOutput, Future) of the step running on the pipeline

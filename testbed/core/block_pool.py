@@ -89,6 +89,7 @@ class BlockPool:
         self.num_cached_free = 0  # free blocks that still hold a cached prefix
         self.num_evictions = 0
         self.access_log: KVAccessLog | None = None  # while a recorder wants the block-access stream
+        self.on_evict = None  # called with a block about to lose its cached prefix (the host KV tier)
 
     @property
     def num_free_blocks(self) -> int:
@@ -114,6 +115,8 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return
+        if self.on_evict is not None:
+            self.on_evict(block)
         self.num_cached_free -= 1
         self.num_evictions += 1
         self._unmap(block)

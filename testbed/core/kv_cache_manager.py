@@ -46,6 +46,8 @@ class KVCacheManager(KVAllocator):
         # forked requests whose next write may land in a block they share (checked by the full allocation path)
         self.req_may_share: set[str] = set()
         self.num_cow_copies = 0
+        self.host_tier = None  # testbed.core.host_tier.HostKVTier, when cache.host_tier_gb is set
+        self.host_hits = 0  # of prefix_hits, tokens loaded from the host tier
         self._init_counters()
 
     @property
@@ -75,11 +77,14 @@ class KVCacheManager(KVAllocator):
         if self.pool.access_log is not None:
             self.pool.access_log.mark()
         blocks = []
-        for block_hash in request.block_hashes[: max_hit_tokens // self.block_size]:
+        eligible = request.block_hashes[: max_hit_tokens // self.block_size]
+        for block_hash in eligible:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
             blocks.append(block)
+        if self.host_tier is not None and len(blocks) < len(eligible):
+            blocks += self.host_tier.load(request.request_id, eligible[len(blocks) :], blocks)
         return blocks, len(blocks) * self.block_size
 
     def start_access_log(self):
@@ -94,6 +99,8 @@ class KVCacheManager(KVAllocator):
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int, request=None) -> None:
         super().record_prefix_lookup(num_tokens, num_hit_tokens)
+        if self.host_tier is not None and request is not None:
+            self.host_hits += min(num_hit_tokens, self.host_tier.take_loaded(request.request_id) * self.block_size)
         log = self.pool.access_log
         if log is not None and request is not None:
             eligible = (request.num_tokens - 1) // self.block_size
@@ -236,6 +243,8 @@ class KVCacheManager(KVAllocator):
         self._count_held(request, len(blocks), 0)
         self._block_changes.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
+        if self.host_tier is not None:
+            self.host_tier.on_release(blocks)
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back blocks beyond what num_tokens needs (after rejected speculative tokens)."""

@@ -5,6 +5,8 @@ Per layer a (k, v) pair of [num_blocks, block_size, num_kv_heads, head_dim]; slo
 offset s % block_size.
 """
 
+import time
+
 import torch
 
 from testbed.core.allocators.base import CopyKind, KVCopy
@@ -84,15 +86,18 @@ class KVBlockCopier:
 
     def __init__(self, pairs: list[tuple[list, list | None]]):
         self.pairs = pairs
+        self.seconds = {kind: 0.0 for kind in CopyKind}  # host time spent per kind of copy (the host tier's metrics)
 
     @torch.inference_mode()
     def run(self, copies: list[KVCopy]) -> None:
         for src, dst, kind in _coalesced(copies):
+            start = time.perf_counter()
             for device_caches, host_caches in self.pairs:
                 if kind is CopyKind.ON_DEVICE:
                     copy_device_blocks(device_caches, src, dst)
                 else:
                     copy_kv_blocks(device_caches, host_caches, src, dst, kind is CopyKind.TO_HOST)
+            self.seconds[kind] += time.perf_counter() - start
 
 
 def _coalesced(copies: list[KVCopy]) -> list[KVCopy]:

@@ -39,6 +39,7 @@ class SimExecutor(StepExecutor):
         self.rng = random.Random(seed)
         self.num_steps = 0
         self.simulated_seconds = 0.0
+        self.copy_cost = None  # testbed.sim.host_copies.HostCopyCost when the host KV tier is on
 
     def prepare(self, out: SchedulerOutput) -> SchedulerOutput:
         return out
@@ -49,6 +50,8 @@ class SimExecutor(StepExecutor):
         self.num_steps += 1
         if self.cost_model is not None:
             dt = self.cost_model.step_time(StepShape.of(out))
+            if self.copy_cost is not None and out.kv_copies:
+                dt += self.copy_cost.extra_time(out.kv_copies, dt)
             self.clock.advance(dt)
             self.simulated_seconds += dt
         token = self.token_id
