@@ -15,7 +15,7 @@ class EngineConfig:
     scheduler: str = "fcfs"  # policy name (testbed.core.policies)
     scheduler_options: dict = field(default_factory=dict)
     cache: str = "paged"  # KV allocator (testbed.core.allocators): paged | static_max | static_pow2 | static_oracle
-    eviction: str = "lru"  # prefix-cache eviction (testbed.core.eviction): lru | lfu
+    eviction: str = "lru"  # prefix-cache eviction (testbed.core.eviction): lru | lfu | workload
     preemption_mode: str = "recompute"  # recompute | swap (KV blocks to a host pool and back)
     swap_space_gb: float = 1.0  # host pool for swap preemption
     num_cpu_blocks: int | None = None  # overrides swap_space_gb when set

@@ -14,7 +14,7 @@ from testbed.core.access_log import KVAccessLog
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "hit_count")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "hit_count", "depth")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -23,6 +23,7 @@ class KVCacheBlock:
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
         self.hit_count = 0  # prefix hits since cached (for frequency-aware eviction)
+        self.depth = 0  # position in its prefix chain when cached (for workload-aware eviction)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -169,11 +170,13 @@ class BlockPool:
                 if self.access_log is not None:
                     self.access_log.release(block.block_hash)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
-        """Register a newly full block under its chained hash (a duplicate stays hittable, see above)."""
+    def cache_block(self, block: KVCacheBlock, block_hash: int, depth: int = 0) -> None:
+        """Register a newly full block under its chained hash (a duplicate stays hittable, see above);
+        depth: its position in the prompt's chain of blocks."""
         if not self.enable_caching or block.block_hash is not None:
             return
         block.block_hash = block_hash
+        block.depth = depth
         if self.access_log is not None:
             self.access_log.cache(block_hash)
         first = self.hash_to_block.setdefault(block_hash, block)

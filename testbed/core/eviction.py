@@ -7,6 +7,8 @@ num_free): `popleft` hands out the block to reuse next, evicting whatever prefix
          shared prefix outlives its suffixes)
     lfu  blocks caching nothing first, then the fewest prefix hits, ties broken least recently freed:
          a system prompt hit by many requests survives a burst of one-off prompts
+    workload  the lowest predicted reuse probability first, learned per block class and idle time
+         ("KVCache Cache in the Wild", ATC 2025; testbed/core/workload_eviction.py)
 """
 
 import heapq
@@ -15,6 +17,7 @@ import importlib
 EVICTION_POLICIES = {
     "lru": "testbed.core.block_pool:FreeBlockQueue",
     "lfu": "testbed.core.eviction:LFUFreeQueue",
+    "workload": "testbed.core.workload_eviction:WorkloadAwareFreeQueue",
 }
 
 

@@ -143,8 +143,8 @@ class HostKVTier:
         host_ids = [self.entries[h] for h in run]
         for h in run:
             self.entries.move_to_end(h)
-        for block, h in zip(blocks, run):
-            pool.cache_block(block, h)
+        for i, (block, h) in enumerate(zip(blocks, run)):
+            pool.cache_block(block, h, len(device_hits) + i)
         self.kv.record_copy(host_ids, [b.block_id for b in blocks], CopyKind.TO_DEVICE)
         pool.free_blocks(reversed(device_hits + blocks))  # tail first, as a request frees its blocks
         self.pinned.clear()

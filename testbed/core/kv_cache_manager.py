@@ -231,7 +231,7 @@ class KVCacheManager(KVAllocator):
             return
         self._update_hashes(request, num_full * self.block_size)
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i])
+            self.pool.cache_block(blocks[i], request.block_hashes[i], i)
         self.req_num_hashed[rid] = num_full
 
     def free(self, request: Request) -> None:
