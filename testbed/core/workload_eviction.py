@@ -126,7 +126,7 @@ class WorkloadAwareFreeQueue:
 
     def __iter__(self):
         blocks = [*self._empty.values()] + [b for q in self._classes.values() for b in q.values()]
-        return iter(sorted(blocks, key=lambda b: self._stamp[b.block_id]))
+        return iter(sorted(blocks, key=lambda b: self._stamp[b.block_id]))  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         return len(self._where)
