@@ -115,8 +115,9 @@ def _plain(node):
 
 
 def _host_tier(cache: dict) -> dict | None:
-    """EngineConfig.host_tier from cache.host_tier_*: None (off) unless a size is given."""
-    if cache.get("host_tier_gb") is None and cache.get("host_tier_blocks") is None:
+    """EngineConfig.host_tier from cache.host_tier_* (off while neither size is given; caches without the keys:
+    None)."""
+    if not any(k.startswith("host_tier_") for k in cache):
         return None
     return {
         "gb": cache.get("host_tier_gb"),
