@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from testbed.cluster.links import LinkSpec, load_link
-from testbed.cluster.routers import ROUTERS
+from testbed.cluster.routers import router_class
 
 
 @dataclass
@@ -41,8 +41,10 @@ class ClusterConfig:
                 f"{self.prefill_replicas + self.decode_replicas} (leave replicas at 1 with P/D)"
             )
         for name in ("router", "decode_router"):
-            if getattr(self, name) not in ROUTERS:
-                raise ValueError(f"cluster.{name}: unknown router {getattr(self, name)!r}; one of {sorted(ROUTERS)}")
+            try:
+                router_class(getattr(self, name))
+            except ValueError as e:
+                raise ValueError(f"cluster.{name}: {e}") from e
         self.link = load_link(self.link)
         if not isinstance(self.router_options, dict):
             raise ValueError(f"cluster.router_options must be a mapping, got {self.router_options!r}")

@@ -12,7 +12,6 @@ num_free): `popleft` hands out the block to reuse next, evicting whatever prefix
 """
 
 import heapq
-import importlib
 
 EVICTION_POLICIES = {
     "lru": "testbed.core.block_pool:FreeBlockQueue",
@@ -22,10 +21,10 @@ EVICTION_POLICIES = {
 
 
 def make_free_queue(name: str, blocks):
-    if name not in EVICTION_POLICIES:
-        raise ValueError(f"unknown cache eviction policy {name!r}; choose one of {sorted(EVICTION_POLICIES)}")
-    module, cls = EVICTION_POLICIES[name].split(":")
-    return getattr(importlib.import_module(module), cls)(blocks)
+    """The free-block queue `name` (or the import path of the user's own: a class taking the blocks)."""
+    from testbed.plugins import load_class
+
+    return load_class("cache eviction policy", EVICTION_POLICIES, name, object)(blocks)  # type: ignore[call-arg]
 
 
 class LFUFreeQueue:

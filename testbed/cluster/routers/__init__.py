@@ -1,9 +1,9 @@
 """Routers: which replica serves a request. One small file per policy, one interface (base.Router)."""
 
-import importlib
 import inspect
 
 from testbed.cluster.routers.base import NoHealthyReplica, ReplicaSnapshot, ReplicaView, Router, RouteRequest
+from testbed.plugins import load_class
 
 # name -> "module:Class", imported on demand so a new router is one file plus one line here.
 ROUTERS = {
@@ -17,11 +17,13 @@ ROUTERS = {
 }
 
 
+def router_class(name: str) -> type[Router]:
+    """The router registered as `name`, or the user's own Router subclass at the import path `name`."""
+    return load_class("router", ROUTERS, name, Router)
+
+
 def get_router(name: str, seed: int = 0, **options) -> Router:
-    if name not in ROUTERS:
-        raise ValueError(f"unknown router {name!r}; choose one of {sorted(ROUTERS)}")
-    module, cls_name = ROUTERS[name].split(":")
-    cls = getattr(importlib.import_module(module), cls_name)
+    cls = router_class(name)
     known = [p for p in inspect.signature(cls).parameters if p != "seed"]
     unknown = sorted(set(options) - set(known))
     if unknown:

@@ -4,8 +4,14 @@ Each is a KVAllocator (testbed.core.allocators.base), so the scheduler, executor
 accounting treat them alike; a new allocator is one class plus one line here.
 """
 
-import importlib
+import inspect
+from typing import Any
 
+from testbed.core.allocators.base import KVAllocator
+from testbed.plugins import load_class
+
+# name -> "module:Class"; a name may also be the import path of the user's own KVAllocator (testbed.plugins),
+# built with the keywords it declares among num_blocks, block_size, enable_prefix_caching, eviction, max_model_len
 ALLOCATORS = {
     "paged": "testbed.core.kv_cache_manager:KVCacheManager",
     "static_max": "testbed.core.allocators.contiguous:StaticMaxAllocator",
@@ -27,10 +33,17 @@ def get_allocator(
     eviction: str = "lru",
     max_model_len: int,
 ):
-    if name not in ALLOCATORS:
-        raise ValueError(f"unknown cache (KV allocator) {name!r}; choose one of {sorted(ALLOCATORS)}")
-    module, cls = ALLOCATORS[name].split(":")
-    cls = getattr(importlib.import_module(module), cls)
+    cls: type[Any] = load_class("cache (KV allocator)", ALLOCATORS, name, KVAllocator)  # constructors differ
     if name == "paged":
         return cls(num_blocks, block_size, enable_prefix_caching, eviction)
-    return cls(num_blocks, block_size, max_model_len)
+    if name in ALLOCATORS:
+        return cls(num_blocks, block_size, max_model_len)
+    given = dict(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        eviction=eviction,
+        max_model_len=max_model_len,
+    )
+    declared = inspect.signature(cls).parameters
+    return cls(**{k: v for k, v in given.items() if k in declared})

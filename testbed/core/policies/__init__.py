@@ -1,10 +1,10 @@
 """Scheduling policies: each decides only order and preemption victims; the mechanism is shared."""
 
-import importlib
-
 from testbed.core.policies.base import SchedulingPolicy
+from testbed.plugins import load_class
 
-# name -> "module:Class", imported on demand so a new policy is one file plus one line here.
+# name -> "module:Class", imported on demand so a new policy is one file plus one line here; a name may
+# also be the import path of the user's own SchedulingPolicy subclass (testbed.plugins).
 POLICIES = {
     "fcfs": "testbed.core.policies.fcfs:FCFSPolicy",
     "priority": "testbed.core.policies.priority:PriorityPolicy",
@@ -17,10 +17,7 @@ POLICIES = {
 
 def get_policy(name: str, kv=None, **options) -> SchedulingPolicy:
     """The policy `name` with its options; kv: the KV allocator, for the policies that read it (needs_kv)."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(POLICIES)}")
-    module, cls = POLICIES[name].split(":")
-    policy_cls = getattr(importlib.import_module(module), cls)
+    policy_cls = load_class("scheduler", POLICIES, name, SchedulingPolicy)
     if policy_cls.needs_kv:
         if kv is None:
             raise ValueError(f"scheduler {name!r} reads the KV cache: get_policy needs kv=")

@@ -1,0 +1,41 @@
+"""A part chosen by name: a built-in of a registry, or the import path of the user's own class.
+
+Every registry of interchangeable parts (scheduler policies, KV allocators, eviction orders, routers) maps
+names to "module:Class" and accepts such a path in place of a name, so `scheduler.name=mylab.policies:Mine`
+plugs in a policy from the user's own directory (on sys.path) without forking, built and given its options
+exactly as a built-in (vLLM's --scheduler-cls is the precedent).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def load_class(kind: str, registry: dict[str, str], name: str, base: type[T]) -> type[T]:
+    """The class registered as `name`, or the one at the import path `name` ("package.module:Class")."""
+    if not isinstance(name, str):
+        raise ValueError(f"{kind} must be a name or an import path module:Class, got {name!r}")
+    target = registry.get(name)
+    if target is None:
+        if ":" not in name:
+            raise ValueError(
+                f"unknown {kind} {name!r}; choose one of {sorted(registry)} or give an import path module:Class"
+            )
+        target = name
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{kind} {name!r}: cannot import {module_name!r} ({e}); is its folder on sys.path?") from e
+    obj: object = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"{kind} {name!r}: module {module_name!r} has no {attr!r}")
+    if not isinstance(obj, type) or not issubclass(obj, base):
+        expected = "a class" if base is object else f"a subclass of {base.__module__}.{base.__name__}"
+        raise ValueError(f"{kind} {name!r}: {obj!r} is not {expected}")
+    return obj
