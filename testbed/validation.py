@@ -70,6 +70,7 @@ def check_kv_cache_fits(config, num_blocks: int, bytes_per_block: int, device) -
     if config.executor in ("null", "sim"):  # no KV tensors are allocated
         return
     need = num_blocks * bytes_per_block
+    available: int | None
     if str(device).startswith("cuda"):
         if config.num_blocks is None:
             return

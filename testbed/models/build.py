@@ -6,6 +6,7 @@ never build weights.
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ class ModelSpec:
     name: str  # the resolved name
     arch: ModelArch
     max_model_len: int  # the engine's context: max_model_len if given, else the model's
-    tokenizer: object | None  # a transformers tokenizer, or None (shape-only models)
+    tokenizer: Any  # a transformers tokenizer, or None (shape-only models)
     weights_folder: Path | None  # None: seeded random weights
 
     @property
