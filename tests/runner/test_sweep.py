@@ -41,3 +41,21 @@ def test_slurm_launcher_local_twin(tmp_path):
     grid = check_sweep(tmp_path, 2, ["cache.block_size"])
     assert sorted(grid["cache.block_size"]) == [8, 16]
     assert (tmp_path / ".submitit").is_dir()
+
+
+def test_parallel_launcher_runs_simulated_points(tmp_path):
+    """hydra/launcher=parallel (hydra-joblib-launcher): a 2-point simulator sweep runs its points in joblib
+    worker processes and leaves the same run folders and sweep table as the sequential launcher."""
+    sim = ["executor=sim", "device=h100-sxm"]
+    proc = run_cli(
+        "-m",
+        "hydra/launcher=parallel",
+        "hydra.launcher.n_jobs=2",
+        *SMALL,
+        *sim,
+        "cache.block_size=8,16",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
+    grid = check_sweep(tmp_path, 2, ["cache.block_size"])
+    assert sorted(grid["cache.block_size"]) == [8, 16]
