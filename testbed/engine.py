@@ -1,6 +1,7 @@
 """The engine: add requests, step (schedule -> execute -> update -> outputs -> drafts), abort.
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -141,6 +142,11 @@ class Engine:
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
+        # what start-up built lives as long as the engine (the block pool's blocks, the model's modules):
+        # out of the cyclic collector's generations, so that its collections during steps do not walk it
+        # (vLLM and SGLang freeze after start-up the same way)
+        gc.collect()
+        gc.freeze()
 
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:

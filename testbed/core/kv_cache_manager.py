@@ -173,6 +173,9 @@ class KVCacheManager(KVAllocator):
         self._set_fast_limit(rid, blocks)
         return new_blocks
 
+    def slot_limits(self) -> dict[str, int]:
+        return self.req_fast_limit
+
     def _shared_writes(self, request: Request, blocks) -> list[int]:
         """Positions of the held blocks the request's next tokens go into that someone else also holds."""
         first = request.num_computed_tokens // self.block_size

@@ -206,8 +206,10 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
         """Running requests in order, each its remaining tokens (1 when decoding, 1 + k with k drafts)
         within the budget. This loop runs for every running request every step, hence the locals and
-        the inlined _record; allocate_slots returns at once when the held blocks already have room."""
+        the inlined _record; allocate_slots is not called while the held blocks already have room (the
+        allocator's slot_limits)."""
         running, allocate, token_budget = self.running, self.kv.allocate_slots, self._token_budget
+        slot_limit = self.kv.slot_limits().get
         requests, num_new_tokens = out.requests, out.num_new_tokens
         computed_before, known_before = out.num_computed_tokens, out.num_known_tokens
         num_prefill = num_decode = 0
@@ -219,12 +221,20 @@ class Scheduler:
             if placeholders and num_tokens >= request.max_num_tokens:
                 i += 1  # the token in flight is its last
                 continue
-            num_new = num_tokens + len(request.spec_token_ids) - computed
-            num_new = min(num_new, budget if token_budget is None else token_budget(request, budget))
+            spec = request.spec_token_ids
+            num_new = num_tokens + len(spec) - computed if spec else num_tokens - computed
+            if token_budget is not None:
+                num_new = min(num_new, token_budget(request, budget))
+            elif num_new > budget:
+                num_new = budget
             if num_new <= 0:
                 i += 1
                 continue
-            if allocate(request, num_new) is None and not self._make_room(out, request, num_new, i, now):
+            if (
+                computed + num_new > slot_limit(request.request_id, -1)
+                and allocate(request, num_new) is None
+                and not self._make_room(out, request, num_new, i, now)
+            ):
                 continue  # the request itself was preempted: running[i] is the next one
             requests.append(request)
             num_new_tokens.append(num_new)
@@ -321,9 +331,12 @@ class Scheduler:
                 self._fork(request, now)
             if request.spec_token_ids:
                 computed_delta -= self._rewind_rejected(request, len(tokens))
-            if len(tokens) == 1 and not logprobs:  # the common case, without the loop
+            if len(tokens) == 1 and not logprobs and request.first_token_time is not None:
+                # the common case (Request.append_output_token inlined, no logprobs, not the first token)
                 token = tokens[0]
-                request.append_output_token(token, None, now)
+                request.output_token_ids.append(token)
+                request.all_token_ids.append(token)
+                request.token_times.append(now)
                 new_tokens = tokens
                 if token in request.stop_check_ids or len(request.all_token_ids) >= request.max_num_tokens:
                     check_token_stop(request, token, self.config.max_model_len)

@@ -146,6 +146,12 @@ class KVAllocator:
         """Room for num_new_tokens after the computed ones; None (changing nothing) if it is not there."""
         raise NotImplementedError
 
+    def slot_limits(self) -> dict[str, int]:
+        """request id -> up to how many tokens (computed + new) `allocate_slots(request, n)` (no other
+        arguments) would take nothing and change nothing: the scheduler skips the call below it. The
+        allocator keeps the dict current; an id not in it always gets the call."""
+        return {}
+
     def free(self, request: Request) -> None:
         raise NotImplementedError
 
