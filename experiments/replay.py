@@ -88,10 +88,13 @@ class Replay:
         self.recorder.on_add(spec, arrival_time)
         self.num_sent += 1
 
-    def step(self) -> int:
-        """One engine step; returns how many requests finished in it."""
+    def step(self, horizon: float = float("inf")) -> int:
+        """One engine step; returns how many requests finished in it. horizon: no request is sent before
+        the clock reaches it (a simulation may advance decode steps up to it in one go)."""
         finished = 0
-        for out in self.engine.step():
+        if self.max_duration_s is not None:  # the deadline is checked between steps: step one by one
+            horizon = None
+        for out in self.engine.step(horizon):
             self.recorder.on_output(out)
             if out.finished:
                 finished += 1
@@ -163,7 +166,7 @@ class Replay:
                 spec = pending.popleft()
                 self.submit(spec, t0 + spec.arrival_s)
             if self.engine.has_unfinished():
-                self.step()
+                self.step(t0 + pending[0].arrival_s if pending else float("inf"))
             elif pending:
                 wait = t0 + pending[0].arrival_s - clock()
                 if self.max_duration_s is not None:

@@ -28,6 +28,8 @@ WORKLOAD_SEEDS = ("trace.seed", "scheduler.options.seed")
 REPEAT_KEYS = ("replay.repeat", "replay.repeats", "replay.repeat_seeds")
 # top-level groups that do not change what is measured
 OUTPUT_KEYS = ("results", "wandb", "progress")
+# settings that change how fast a run goes, never what it measures
+SPEED_KEYS = ("executor.skip_steps",)
 DETERMINISTIC_EXECUTORS = ("sim",)  # timing from a virtual clock: no machine noise
 
 
@@ -64,7 +66,7 @@ def config_id(resolved: dict) -> str:
     cfg = json.loads(json.dumps(resolved, default=str))  # a deep copy of plain values
     if isinstance(cfg.get("replay"), dict):
         cfg["replay"]["redraw_workload"] = redraw_workload(cfg)
-    for key in SEED_KEYS + REPEAT_KEYS + tuple(_get(cfg, "replay.repeat_seeds") or ()):
+    for key in SEED_KEYS + REPEAT_KEYS + SPEED_KEYS + tuple(_get(cfg, "replay.repeat_seeds") or ()):
         _pop(cfg, key)
     for key in OUTPUT_KEYS:
         cfg.pop(key, None)

@@ -31,6 +31,7 @@ from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
 from testbed.sequence_group import SequenceGroup
 from testbed.sim.build import plan_simulation
+from testbed.sim.decode_runs import DecodeRuns
 from testbed.validation import check_kv_cache_fits, check_request_types
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,9 @@ class Engine:
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
+        self.decode_runs = None  # a simulation's step skipping (step(horizon=...))
+        if sim is not None and sim.config.skip_steps and self.spec is None:
+            self.decode_runs = DecodeRuns(self.scheduler, self.kv, self.executor, self._emit_step)
         # what start-up built lives as long as the engine (the block pool's blocks, the model's modules):
         # out of the cyclic collector's generations, so that its collections during steps do not walk it
         # (vLLM and SGLang freeze after start-up the same way)
@@ -275,10 +279,15 @@ class Engine:
         return self.inflight is not None or self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, horizon: float | None = None) -> list[RequestOutput]:
         """One step: schedule -> execute -> update -> outputs -> drafts. With async scheduling the next
         step is scheduled and started before this one's tokens are read, and the outputs returned are
-        those of the step that finished (one behind)."""
+        those of the step that finished (one behind).
+
+        horizon: the caller adds no request before the clock reaches it. A simulation may then advance
+        the pure decode steps that follow this one and start before it in one go (testbed.sim.decode_runs:
+        the same steps, step records and request times as stepping; their outputs, none finished, are not
+        returned). None: one step."""
         if self.pipeline is not None:
             return self._step_overlapped()
         start = self.clock()
@@ -286,7 +295,10 @@ class Engine:
         if sched.is_empty:
             self._check_not_stalled()
             return []
-        return self._finish_step(start, sched, self._guarded(sched, self.executor.execute, sched))
+        outputs = self._finish_step(start, sched, self._guarded(sched, self.executor.execute, sched))
+        if horizon is not None and self.decode_runs is not None and not any(o.finished for o in outputs):
+            self.decode_runs.run(horizon)
+        return outputs
 
     def _finish_step(self, start: float, sched: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:
         if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
@@ -365,7 +377,6 @@ class Engine:
             )
 
     def _record_step(self, start: float, sched: SchedulerOutput) -> None:
-        self.step_count += 1
         # prefilling: not yet at the last known token when scheduled (the scheduler's own decode test);
         # a pure decode step has none, and skips the scan
         prefill_ids = (
@@ -377,6 +388,31 @@ class Engine:
             if sched.num_prefill_tokens
             else []
         )
+        self._emit_step(
+            start,
+            len(sched.requests),
+            sched.num_prefill_tokens,
+            sched.num_decode_tokens,
+            list(map(_request_id, sched.requests)),
+            sched.num_new_tokens,
+            prefill_ids,
+            list(map(_request_id, sched.preempted)) if sched.preempted else [],
+        )
+
+    def _emit_step(
+        self,
+        start: float,
+        num_seqs: int,
+        num_prefill_tokens: int,
+        num_decode_tokens: int,
+        scheduled_ids: list[str],
+        scheduled_tokens: list[int],
+        prefill_ids: list[str] | None = None,
+        preempted_ids: list[str] | None = None,
+    ) -> None:
+        """Count a step that ran and hand its StepStats to the callbacks (also for the steps a simulation
+        advances in one go, testbed.sim.decode_runs)."""
+        self.step_count += 1
         scheduler = self.scheduler
         kv = self.kv.running_stats(
             scheduler.running, scheduler.running_computed_tokens, self.max_model_len, scheduler.blocked_request
@@ -385,18 +421,18 @@ class Engine:
             self.step_count,
             start,
             self.clock() - start,
-            len(sched.requests),
-            sched.num_prefill_tokens,
-            sched.num_decode_tokens,
-            len(sched.preempted),
+            num_seqs,
+            num_prefill_tokens,
+            num_decode_tokens,
+            len(preempted_ids) if preempted_ids else 0,
             scheduler.num_waiting,
             scheduler.num_running,
             kv,
             self.sampler.take_grammar_time(),
-            list(map(_request_id, sched.requests)),
-            sched.num_new_tokens,
-            prefill_ids,
-            list(map(_request_id, sched.preempted)) if sched.preempted else [],
+            scheduled_ids,
+            scheduled_tokens,
+            [] if prefill_ids is None else prefill_ids,
+            [] if preempted_ids is None else preempted_ids,
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)

@@ -17,6 +17,7 @@ class SimConfig:
     allow_extrapolation: bool = False  # profile: price batches beyond the calibrated range instead of refusing
     seed: int = 0  # draws of the acceptance model
     tp_link: str | dict = "nvlink"  # parallel.tensor_parallel_size > 1: the link all-reduces are priced over
+    skip_steps: bool = True  # advance runs of pure decode steps in one go (testbed.sim.decode_runs; same results)
 
     def __post_init__(self):
         if self.cost_model not in COST_MODELS:

@@ -1,0 +1,159 @@
+"""Step skipping for the simulator: a run of pure decode steps advanced in one go, equal to stepping.
+
+Between events, a simulated engine's steps have a known shape: when nothing is waiting, every running
+request decodes one token per step, no request finishes and no new one arrives, each step schedules the
+same requests in the same order, its cost is the cost model's price of a decode batch whose KV context
+grows by one token per request, and each request gets the fixed token at the step's end time. This module
+advances such a run without the per-step scheduler, executor and output passes: per step it prices the
+shape, moves the clock, makes the KV allocations the scheduler would (in the same order, at the same step:
+a request crossing into a new block, or filling one that is registered for prefix caching) and records the
+step's StepStats; the requests' token lists and times are extended once at the end.
+
+The run stops before any step that could differ from the run's shape: one that would start at or after
+`horizon` (the caller adds a request then), one in which a request would finish (its length, or a stop
+token), and one whose allocations the free blocks could not all satisfy (the scheduler would preempt).
+What is not eligible at all (then nothing is skipped): waiting requests, drafts, parallel-sampling groups,
+stop strings, a policy whose order or budget can change between steps (time_dependent, or one that
+overrides begin_step / step_budget / token_budget), a recorded run's clock (replay_steps). The equality
+with stepping one by one (summary, per-request rows, every step row) is tested in
+tests/sim/test_decode_runs.py; `executor.skip_steps=false` turns skipping off.
+"""
+
+import heapq
+
+from testbed.core.policies.base import SchedulingPolicy
+from testbed.request import RequestStatus
+from testbed.sim.shape import StepShape
+
+
+def _steady(policy: SchedulingPolicy) -> bool:
+    """A policy whose order and budgets stay the same while nothing arrives or finishes."""
+    cls = type(policy)
+    return (
+        not policy.time_dependent
+        and cls.begin_step is SchedulingPolicy.begin_step
+        and cls.step_budget is SchedulingPolicy.step_budget
+        and cls.token_budget is SchedulingPolicy.token_budget
+    )
+
+
+class DecodeRuns:
+    def __init__(self, scheduler, kv, executor, emit_step):
+        """emit_step(start, num_seqs, num_prefill, num_decode, ids, tokens): the engine's step record."""
+        self.scheduler = scheduler
+        self.kv = kv
+        self.executor = executor
+        self.emit_step = emit_step
+        self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
+        self._steady_policy = _steady(scheduler.policy)
+
+    def _eligible(self) -> int:
+        """How many decode steps may run before some request finishes (0: none eligible now)."""
+        sched, ex = self.scheduler, self.executor
+        if not self._steady_policy or sched.waiting or not sched.running or ex.cost_model is None:
+            return 0
+        if ex.recorded is not None or ex.spec is not None or sched.seats.reserved:
+            return 0
+        running, token = sched.running, ex.token_id
+        if len(running) > sched.config.max_num_batched_tokens:
+            return 0
+        steps = None
+        for r in running:
+            n = len(r.all_token_ids)
+            if (
+                r.num_computed_tokens != n - 1
+                or r.num_output_placeholders
+                or r.spec_token_ids
+                or r.group is not None
+                or r.status is not RequestStatus.RUNNING
+                or r.first_token_time is None
+                or r.sampling_params.stop
+                or token in r.stop_check_ids
+            ):
+                return 0
+            left = r.max_num_tokens - n - 1  # steps before the one that gives its last token
+            if steps is None or left < steps:
+                steps = left
+        return max(steps or 0, 0)
+
+    def run(self, horizon: float) -> int:
+        """Advance decode steps while each would start before `horizon`; returns how many ran."""
+        max_steps = self._eligible()
+        if max_steps <= 0:
+            return 0
+        sched, kv, ex = self.scheduler, self.kv, self.executor
+        clock, cost_model, token = ex.clock, ex.cost_model, ex.token_id
+        running = list(sched.running)
+        n = len(running)
+        base = [len(r.all_token_ids) for r in running]  # known tokens when the run starts
+        limits = kv.slot_limits()
+        # (first run step at which the request needs allocate_slots, its position in the batch)
+        events = [(limits.get(r.request_id, -1) - base[i] + 1, i) for i, r in enumerate(running)]
+        heapq.heapify(events)
+        materialized = [0] * n  # run tokens already appended to each request
+        times: list[float] = []
+        ids = [r.request_id for r in running]
+        ones = [1] * n
+        context = sum(base)  # decode_context of the first step: each request attends to its known tokens
+        j = 0
+        while j < max_steps:
+            start = clock()
+            if start >= horizon:
+                break
+            due = []
+            while events and events[0][0] <= j:
+                due.append(heapq.heappop(events)[1])
+            if due and not self._allocate(running, base, due, j, times, materialized, token):
+                for i in due:
+                    heapq.heappush(events, (j, i))
+                break
+            if due:  # the step's block-table changes, taken as schedule() takes them (nothing reads them)
+                kv.take_block_updates()
+                kv.take_copies()
+            for i in due:
+                limit = limits.get(running[i].request_id, -1)
+                heapq.heappush(events, (max(limit - base[i] + 1, j + 1), i))
+            sched.running_computed_tokens += n
+            ex.num_steps += 1
+            dt = cost_model.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, context + j * n))
+            clock.advance(dt)
+            ex.simulated_seconds += dt
+            times.append(clock())
+            self.emit_step(start, n, 0, n, ids, ones)
+            j += 1
+        for i, r in enumerate(running):
+            self._materialize(r, materialized, i, j, times, token)
+            r.num_computed_tokens = base[i] - 1 + j
+        self.num_skipped += j
+        return j
+
+    def _allocate(self, running, base, due, j, times, materialized, token) -> bool:
+        """The allocations step j's schedule makes, in batch order; False (nothing changed) if the free
+        blocks cannot cover them all."""
+        kv = self.kv
+        need = 0
+        for i in sorted(due):
+            r = running[i]
+            r.num_computed_tokens = base[i] - 1 + j
+            self._materialize(r, materialized, i, j, times, token)
+            blocks = kv.can_allocate(r, 1)
+            if blocks is None:
+                return False
+            need += blocks
+        if need > kv.num_free_blocks:
+            return False
+        for i in sorted(due):
+            if kv.allocate_slots(running[i], 1) is None:  # cannot happen after the check above
+                raise RuntimeError(f"decode run: allocation failed for {running[i].request_id} after its check")
+        return True
+
+    @staticmethod
+    def _materialize(request, materialized, i, upto, times, token) -> None:
+        """Append the run's tokens request i got in steps [materialized[i], upto), with their times."""
+        have = materialized[i]
+        if upto > have:
+            k = upto - have
+            request.output_token_ids.extend([token] * k)
+            request.all_token_ids.extend([token] * k)
+            request.token_times.extend(times[have:upto])
+            materialized[i] = upto
