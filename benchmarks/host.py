@@ -7,6 +7,7 @@ decoding one token per step. Phases are timed by wrapping the scheduler's and ex
     python -m benchmarks.host                       # 64, 256, 1024 running; writes results/host_overhead/
     python -m benchmarks.host --running 256 --steps 300 --out /tmp/host
     python -m benchmarks.host --baseline OLD/host_overhead.json   # + a before/after table
+    python -m benchmarks.host --ab main --rounds 5  # A-B-A against a git revision, interleaved (host_ab.md)
 
 The baseline is a host_overhead.json written by this script at an earlier commit (e.g. run from a
 `git archive` export of it, on the same machine, just before), matched row by row.
@@ -123,7 +124,19 @@ def main() -> None:
     p.add_argument("--no-gc-freeze-rows", action="store_true", help="skip the extra rows measured after gc.freeze()")
     p.add_argument("--baseline", type=Path, help="host_overhead.json of an earlier run: adds a before/after table")
     p.add_argument("--baseline-label", default=None, help="what the baseline is (default: its recorded git commit)")
+    p.add_argument("--ab", metavar="REV", help="A-B-A against a git revision, interleaved (benchmarks.host_ab)")
+    p.add_argument("--rounds", type=int, default=5, help="--ab: B runs, each between two A runs")
     a = p.parse_args()
+    if a.ab:
+        from benchmarks.host_ab import ab
+
+        text, data = ab(a.ab, a.rounds, a.running, a.steps)
+        print("\n" + text)
+        a.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(a.out / "host_ab.md", text)
+        write_json(a.out / "host_ab.json", data)
+        print(f"wrote {a.out / 'host_ab.md'}")
+        return
     env = environment()
     load_before = load_average()
     rows, results = [], []

@@ -72,6 +72,10 @@ def requests_frame(rows, columns: list[str] = REQUEST_COLUMNS) -> pd.DataFrame:
     return df
 
 
+# a stats dataclass's (field name, column name) pairs, looked up once per type
+_DATACLASS_FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
 def kv_fields(kv) -> dict:
     """Flatten a KVCacheStats (any version) into kv_* columns plus the derived ratios.
 
@@ -80,11 +84,16 @@ def kv_fields(kv) -> dict:
     length; reserved_slots: held for the request's own future tokens; external_slots: free but unusable by
     the request waiting for memory). Stats without that breakdown (older KVCacheStats) count every empty
     held slot (slack_token_slots) as internal and report 0 for the other two."""
-    if dataclasses.is_dataclass(kv):
-        raw = {f.name: getattr(kv, f.name) for f in dataclasses.fields(kv)}
-    else:
-        raw = {k: v for k, v in vars(kv).items() if not k.startswith("_")}
-    row = {f"kv_{k}": v for k, v in raw.items() if isinstance(v, (int, float, bool)) or v is None}
+    keys = _DATACLASS_FIELDS.get(type(kv))
+    if keys is None and dataclasses.is_dataclass(kv):
+        keys = _DATACLASS_FIELDS[type(kv)] = tuple((f.name, f"kv_{f.name}") for f in dataclasses.fields(kv))
+    if keys is None:
+        keys = tuple((k, f"kv_{k}") for k in vars(kv) if not k.startswith("_"))
+    row = {}
+    for name, key in keys:
+        v = getattr(kv, name)
+        if v is None or isinstance(v, (int, float, bool)):
+            row[key] = v
     num_blocks = getattr(kv, "num_blocks", 0) or 0
     total = num_blocks * (getattr(kv, "block_size", 1) or 1) or 1
     row["kv_usage"] = (getattr(kv, "used_blocks", 0) or 0) / num_blocks if num_blocks else 0.0
