@@ -8,6 +8,7 @@ so an interrupted run still has all it measured.
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
 
 import pandas as pd
 
@@ -72,8 +73,9 @@ def requests_frame(rows, columns: list[str] = REQUEST_COLUMNS) -> pd.DataFrame:
     return df
 
 
-# a stats dataclass's (field name, column name) pairs, looked up once per type
-_DATACLASS_FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}
+# a stats dataclass's (getter of its field values, their column names), made once per type
+_DATACLASS_FIELDS: dict[type, tuple] = {}
+_SCALARS = {int, float, bool, type(None)}
 
 
 def kv_fields(kv) -> dict:
@@ -84,16 +86,21 @@ def kv_fields(kv) -> dict:
     length; reserved_slots: held for the request's own future tokens; external_slots: free but unusable by
     the request waiting for memory). Stats without that breakdown (older KVCacheStats) count every empty
     held slot (slack_token_slots) as internal and report 0 for the other two."""
-    keys = _DATACLASS_FIELDS.get(type(kv))
-    if keys is None and dataclasses.is_dataclass(kv):
-        keys = _DATACLASS_FIELDS[type(kv)] = tuple((f.name, f"kv_{f.name}") for f in dataclasses.fields(kv))
-    if keys is None:
-        keys = tuple((k, f"kv_{k}") for k in vars(kv) if not k.startswith("_"))
-    row = {}
-    for name, key in keys:
-        v = getattr(kv, name)
-        if v is None or isinstance(v, (int, float, bool)):
-            row[key] = v
+    spec = _DATACLASS_FIELDS.get(type(kv))
+    if spec is None and dataclasses.is_dataclass(kv):
+        names = [f.name for f in dataclasses.fields(kv)]
+        getter = attrgetter(*names) if len(names) > 1 else lambda o: (getattr(o, names[0]),)
+        spec = _DATACLASS_FIELDS[type(kv)] = (getter, [f"kv_{name}" for name in names])
+    if spec is not None:
+        getter, keys = spec
+        values = getter(kv)
+        if set(map(type, values)) <= _SCALARS:  # the usual case: every field a plain number
+            row = dict(zip(keys, values))
+        else:
+            row = {k: v for k, v in zip(keys, values) if v is None or isinstance(v, (int, float, bool))}
+    else:
+        raw = {k: v for k, v in vars(kv).items() if not k.startswith("_")}
+        row = {f"kv_{k}": v for k, v in raw.items() if isinstance(v, (int, float, bool)) or v is None}
     num_blocks = getattr(kv, "num_blocks", 0) or 0
     total = num_blocks * (getattr(kv, "block_size", 1) or 1) or 1
     row["kv_usage"] = (getattr(kv, "used_blocks", 0) or 0) / num_blocks if num_blocks else 0.0

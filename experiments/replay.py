@@ -88,9 +88,10 @@ class Replay:
         self.recorder.on_add(spec, arrival_time)
         self.num_sent += 1
 
-    def step(self, horizon: float = float("inf")) -> int:
+    def step(self, horizon: float | None = None) -> int:
         """One engine step; returns how many requests finished in it. horizon: no request is sent before
-        the clock reaches it (a simulation may advance decode steps up to it in one go)."""
+        the clock reaches it unless one finishes (a simulation may then advance decode steps up to it in
+        one go, Engine.step); None: one step."""
         finished = 0
         if self.max_duration_s is not None:  # the deadline is checked between steps: step one by one
             horizon = None
@@ -153,7 +154,7 @@ class Replay:
         for spec in specs:
             self.submit(spec, self.start_time)
         while self.engine.has_unfinished() and not self._expired(self.engine.clock()):
-            self.step()
+            self.step(float("inf"))
 
     def _open_loop(self, specs, _concurrency) -> None:
         pending = deque(sorted(specs, key=lambda s: s.arrival_s))
@@ -183,4 +184,4 @@ class Replay:
                 in_flight += 1
             if self._expired(self.engine.clock()):
                 return
-            in_flight -= self.step()
+            in_flight -= self.step(float("inf"))  # a new request goes in only when one finishes

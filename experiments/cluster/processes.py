@@ -204,8 +204,9 @@ class ProcessCluster:
         self.inboxes[index].put(("add", request_id, list(prompt_token_ids), params, arrival, priority))
         return index
 
-    def run_until(self, t: float) -> list[Delivered]:
-        """Take what the replicas report until some requests finish or `t` comes."""
+    def run_until(self, t: float, quiet_until: float | None = None) -> list[Delivered]:
+        """Take what the replicas report until some requests finish or `t` comes (quiet_until: unused,
+        real replicas step one by one)."""
         while not self._pending:
             message = self._receive(min(t, self.now + 1.0))
             if message is None and self.now >= t:

@@ -6,7 +6,9 @@ and, with P/D disaggregation, `prefill_replica`, `prefill_finish_time`, `transfe
 `transfer_end_time`, `kv_transfer_bytes` and `kv_transfer_s`. For a disaggregated request,
 first_scheduled_time, cached_tokens and num_preemptions are its prefill replica's (where its prompt was
 computed; preemptions add up both sides), the token times its decode replica's.
-steps.parquet gains `replica` and `role`: one row per step of every replica, in the order they ran.
+steps.parquet gains `replica` and `role`: one row per step of every replica, in the order they started
+(start time, then replica, then step: the same order whether a simulated replica stepped one by one or
+skipped decode steps, testbed.sim.decode_runs).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class ClusterRecorder(Recorder):
             if callback in engine.step_callbacks:
                 engine.step_callbacks.remove(callback)
         self._callbacks = []
+
+    def steps_frame(self) -> pd.DataFrame:
+        steps = super().steps_frame()
+        if steps.empty or "replica" not in steps:
+            return steps
+        return steps.sort_values(["start_time", "replica", "step"], kind="stable").reset_index(drop=True)
 
     def add_step_rows(self, index: int, rows: list[dict]) -> None:
         """Step rows recorded elsewhere (a replica process)."""

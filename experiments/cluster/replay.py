@@ -105,14 +105,16 @@ class ClusterReplay:
         else:
             self.end_time = self.last_finish_time if self.last_finish_time is not None else self.cluster.now
 
-    def _drain(self) -> None:
+    def _drain(self, open_loop: bool = False) -> None:
+        """Run until every request finished (or the deadline); open_loop: nothing more will be sent."""
         while self.cluster.has_unfinished() and not self._expired():
-            self._take(self.cluster.run_until(self._deadline()))
+            deadline = self._deadline()
+            self._take(self.cluster.run_until(deadline, quiet_until=deadline if open_loop else None))
 
     def _offline(self, specs, _concurrency) -> None:
         for spec in specs:
             self.submit(spec, self.start_time)
-        self._drain()
+        self._drain(open_loop=True)  # everything was sent at the start
 
     def _open_loop(self, specs, _concurrency) -> None:
         pending = deque(sorted(specs, key=lambda s: s.arrival_s))
@@ -125,8 +127,9 @@ class ClusterReplay:
                 spec = pending.popleft()
                 self.submit(spec, t0 + spec.arrival_s)
             if pending:
-                self._take(self.cluster.run_until(min(t0 + pending[0].arrival_s, self._deadline())))
-        self._drain()
+                until = min(t0 + pending[0].arrival_s, self._deadline())
+                self._take(self.cluster.run_until(until, quiet_until=until))
+        self._drain(open_loop=True)
 
     def _closed_loop(self, specs, concurrency) -> None:
         pending = deque(specs)

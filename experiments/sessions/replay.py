@@ -157,7 +157,7 @@ class SessionReplay(SessionTurns, Replay):
                 break
             wake = self.send_due(now, concurrency, self.last_finish_time)
             if self.engine.has_unfinished():
-                self.step()
+                self.step(wake)  # nothing is sent before wake unless a turn finishes
                 continue
             if wake < float("inf"):
                 wait = wake - clock()

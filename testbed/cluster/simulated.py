@@ -51,6 +51,9 @@ class SimulatedCluster:
         self._heap: list[tuple] = []
         self._seq = 0
         self.replica_of: dict[str, int] = {}  # request id -> the replica it was routed to
+        # no request is sent before this time unless one finishes (run_until's quiet_until): a replica's
+        # step may advance the decode steps that start before it in one go (Engine.step's horizon)
+        self._horizon: float | None = None
 
     # ---- requests --------------------------------------------------------------------------------
     def entry_replicas(self) -> list[SimReplica]:
@@ -113,9 +116,12 @@ class SimulatedCluster:
             raise ValueError(f"advancing to {time} would skip an event at {self._heap[0][0]}")
         self.now = time
 
-    def run_until(self, time: float) -> list[Delivered]:
+    def run_until(self, time: float, quiet_until: float | None = None) -> list[Delivered]:
         """Run the next event if it comes before `time`, else move the time line to `time` (an arrival
-        due at the same instant as an event goes first, as in the single-engine replay)."""
+        due at the same instant as an event goes first, as in the single-engine replay). quiet_until: the
+        caller sends nothing before then, whatever finishes (an open-loop replay's next arrival): replicas
+        may then skip decode steps up to it (testbed.sim.decode_runs); None: every step is an event."""
+        self._horizon = quiet_until
         if self._heap and self._heap[0][0] < time:
             return self.run_next()
         if time == float("inf"):
@@ -164,7 +170,7 @@ class SimulatedCluster:
         self._push(engine.clock.now, STEP_END, replica)
 
     def _engine_step(self, replica: SimReplica) -> list[RequestOutput]:
-        return replica.engine.step()
+        return replica.engine.step(self._horizon)
 
     def _deliver(self, replica: SimReplica, outputs: list[RequestOutput]) -> list[Delivered]:
         for _ in outputs:

@@ -21,6 +21,7 @@ tests/sim/test_decode_runs.py; `executor.skip_steps=false` turns skipping off.
 
 import heapq
 
+from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.policies.base import SchedulingPolicy
 from testbed.request import RequestStatus
 from testbed.sim.shape import StepShape
@@ -46,6 +47,7 @@ class DecodeRuns:
         self.emit_step = emit_step
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self._steady_policy = _steady(scheduler.policy)
+        self._paged = isinstance(kv, KVCacheManager)
 
     def _eligible(self) -> int:
         """How many decode steps may run before some request finishes (0: none eligible now)."""
@@ -131,18 +133,22 @@ class DecodeRuns:
         """The allocations step j's schedule makes, in batch order; False (nothing changed) if the free
         blocks cannot cover them all."""
         kv = self.kv
-        need = 0
-        for i in sorted(due):
+        due.sort()
+        for i in due:
             r = running[i]
             r.num_computed_tokens = base[i] - 1 + j
             self._materialize(r, materialized, i, j, times, token)
-            blocks = kv.can_allocate(r, 1)
-            if blocks is None:
+        # the paged allocator gives a decoding request at most one block per token (no fork: no copies)
+        if not (self._paged and len(due) <= kv.num_free_blocks):
+            need = 0
+            for i in due:
+                blocks = kv.can_allocate(running[i], 1)
+                if blocks is None:
+                    return False
+                need += blocks
+            if need > kv.num_free_blocks:
                 return False
-            need += blocks
-        if need > kv.num_free_blocks:
-            return False
-        for i in sorted(due):
+        for i in due:
             if kv.allocate_slots(running[i], 1) is None:  # cannot happen after the check above
                 raise RuntimeError(f"decode run: allocation failed for {running[i].request_id} after its check")
         return True

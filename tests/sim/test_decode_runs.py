@@ -38,6 +38,8 @@ CASES = {
     + ["replay=open_loop", "trace.time_scale=8", "cache.num_blocks=400", "scheduler.max_num_seqs=64"],
     # shared prefixes: blocks filled during a run are registered in the prefix cache, evicted and hit later
     "synthetic-prefix": PREFIX + ["replay=open_loop", "cache.num_blocks=600"],
+    # multi-turn sessions: later turns are sent at times the driver knows (its horizon) and hit the cache
+    "sessions": ["trace=sessions", "replay=sessions", "trace.num_sessions=12", "trace.session_rate=2"],
 }
 SLOW_CASES = {
     "azure-priority-offline": AZURE + ["replay=offline", "scheduler=priority", "scheduler.max_num_seqs=32"],
@@ -73,5 +75,28 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
         assert sum(skipped) > share * len(st_skip), f"{case}: only {sum(skipped)} of {len(st_skip)} steps skipped"
     if "preemption" in case or "swap" in case:
         assert s_step["num_preemptions"] > 0 if "num_preemptions" in s_step else r_step["num_preemptions"].sum() > 0
-    if case.endswith("prefix"):
+    if case.endswith("prefix") or case == "sessions":
         assert r_step["cached_tokens"].sum() > 0
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+def test_cluster_skipping_equals_stepping(tmp_path, monkeypatch, router):
+    """Three simulated replicas, open loop: the router reads each replica's state at every arrival, so
+    a replica may only skip the steps that start before the next one; the same tables either way."""
+    from experiments.cluster.runner import run_cluster
+
+    skipped = []
+    real_run = DecodeRuns.run
+    monkeypatch.setattr(DecodeRuns, "run", lambda self, horizon: skipped.append(real_run(self, horizon)) or skipped[-1])
+    cluster = AZURE + ["replay=open_loop", "trace.time_scale=3", "cluster.replicas=3", f"cluster.router={router}"]
+    tables = []
+    for name, skip in (("step", "false"), ("skip", "true")):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=SIM + cluster + [f"executor.skip_steps={skip}"])
+        run_cluster(cfg, tmp_path / name)
+        tables.append(load_run(tmp_path / name))
+    (s_step, r_step, st_step), (s_skip, r_skip, st_skip) = tables
+    assert s_skip == s_step
+    assert r_skip.equals(r_step)
+    assert st_skip.equals(st_step)
+    assert sum(skipped) > 0.2 * len(st_skip)
