@@ -78,6 +78,9 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         values["sim_config"], keys["sim_config"] = {**sim, "device": _plain(cfg.device)}, "executor"
     values["speculative_config"], keys["speculative_config"] = _spec_config(cfg), "spec"
     values["host_tier"], keys["host_tier"] = _host_tier(_plain(cfg.cache)), "cache.host_tier_gb"
+    if cfg.get("structured_outputs") is not None:  # grammar limits: testbed.structured.limits
+        values["structured_outputs_config"] = _plain(cfg.structured_outputs)
+        keys["structured_outputs_config"] = "structured_outputs"
     if "sim_config" in values:  # its own fields, and the device sheet's, name themselves in its errors
         keys.update({k: f"executor.{k}" for k in values["sim_config"] if k != "device"})
         keys.update({k: f"device.{k}" for k in _sheet_keys(values["sim_config"]["device"]) if k != "name"})

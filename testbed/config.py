@@ -44,6 +44,8 @@ class EngineConfig:
     host_tier: dict | None = None  # host-memory KV tier: testbed.core.host_tier.HostTierConfig fields (gb, write, ...)
     tensor_parallel_size: int = 1  # ranks one model is split over (testbed.parallel); KV budgets are per rank
     distributed_timeout_s: float = 120.0  # TP: a collective not done by then fails the engine (dead or hung rank)
+    # grammar compile limits and cache: testbed.structured.limits.StructuredOutputsConfig fields
+    structured_outputs_config: dict | None = None
 
     def __post_init__(self):
         check_field_types(self)
@@ -82,6 +84,9 @@ class EngineConfig:
         from testbed.spec.config import SpeculativeConfig
 
         SpeculativeConfig.from_any(self.speculative_config)  # validate early
+        from testbed.structured.limits import StructuredOutputsConfig
+
+        StructuredOutputsConfig.from_any(self.structured_outputs_config)  # validate early
         check_engine_config(self)  # max_model_len, kv_cache_memory_gb against host memory
 
     @classmethod

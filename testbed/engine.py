@@ -128,7 +128,15 @@ class Engine:
         policy = get_policy(config.scheduler, kv=self.kv, **config.scheduler_options)
         self.scheduler = Scheduler(scheduler_config, self.kv, policy, self.clock, swap)
         # validate() asks the sampler about vocabulary-dependent parameters, so the engine owns it
-        self.sampler = Sampler(config.seed, self.device, self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+        self.sampler = Sampler(
+            config.seed,
+            self.device,
+            self.tokenizer,
+            self.arch.vocab_size,
+            self.eos_token_ids,
+            config.structured_outputs_config,
+            self.max_model_len,
+        )
         self.executor, self.model, self.spec = build_executor(
             config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler, sim
         )

@@ -62,13 +62,24 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, device="cpu", tokenizer=None, vocab_size: int | None = None, eos_token_ids=()):
+    def __init__(
+        self,
+        seed: int = 0,
+        device="cpu",
+        tokenizer=None,
+        vocab_size: int | None = None,
+        eos_token_ids=(),
+        structured_outputs=None,  # StructuredOutputsConfig or its dict: compile limits, cache size
+        max_model_len: int | None = None,
+    ):
         self.default_generator = torch.Generator(device=device).manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
         self.device = device
         self.vocab_size = vocab_size
         self.processors = LogitsProcessors(vocab_size or 0, tokenizer, eos_token_ids)
-        self.grammars = GrammarBackend(tokenizer, vocab_size or 0, list(eos_token_ids))
+        self.grammars = GrammarBackend(
+            tokenizer, vocab_size or 0, list(eos_token_ids), structured_outputs, max_model_len
+        )
         self.matchers: dict[str, list] = {}  # request id -> [xgrammar matcher, output tokens it has accepted]
         self.grammar_time_s = 0.0  # structured output's cost (masks + matcher updates) since take_grammar_time()
 

@@ -68,6 +68,10 @@ def output_constraint(req) -> StructuredOutputsParams | None:
         found.update({k: v for k, v in kinds.items() if v is not None})
         if so.json_object:
             found["json_object"] = True
+        if not found:  # `structured_outputs: {}` would otherwise generate unconstrained text
+            raise SamplingParamError(
+                "structured_outputs", "structured_outputs names no constraint: give one of json, regex, choice, grammar"
+            )
     for name in GUIDED:
         value = getattr(req, f"guided_{name}")
         if value is not None:

@@ -97,6 +97,19 @@ def chat_prompt_ids(tok, req: P.ChatCompletionRequest, model: ServedModel) -> li
     return tok.encode(text, add_special_tokens=False)
 
 
+async def compile_constraint(async_engine: AsyncEngine, req, params: SamplingParams) -> None:
+    """Compile the output constraint in the grammar pool (off the event loop and the stepping thread),
+    so admission finds it compiled; a constraint over a limit, unsatisfiable or slow to compile is a 400."""
+    sampler = getattr(async_engine.engine, "sampler", None)
+    if params.structured_outputs is None or sampler is None:
+        return
+    grammars = sampler.grammars
+    try:
+        await grammars.compile_async(params.structured_outputs)
+    except ValueError as e:  # StructuredOutputError
+        raise P.APIError(str(e), 400, param=_field(req, "structured_outputs"), code="invalid_value") from e
+
+
 @dataclass
 class Admitted:
     """A request the engine has taken: what answering it needs."""
@@ -122,6 +135,7 @@ async def admit_request(
     params = sampling_params(req)
     check_prompt_size(req, model)
     prompt_ids = await model.tokenizers.run(prompt_ids_of, req, model)  # off the event loop
+    await compile_constraint(async_engine, req, params)
     rid, created = P.random_id(id_prefix), P.now_s()
     try:
         stream = _add_to_engine(async_engine, model, prompt_ids, params, rid, arrival, req.priority)

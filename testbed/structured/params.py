@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class StructuredOutputError(ValueError):
@@ -24,6 +25,8 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool = False
     disable_any_whitespace: bool = False
+    # (GrammarBackend, its compiled grammar): set once compiled, so the sampler never compiles again
+    _compiled: tuple[Any, Any] = field(default=(None, None), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
@@ -33,7 +36,13 @@ class StructuredOutputsParams:
                 "structured outputs take exactly one of json, json_object, regex, choice, grammar; got "
                 + (", ".join(kinds) if kinds else "none")
             )
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise StructuredOutputError(f"{name} must be a string, got {type(value).__name__}")
         if self.choice is not None:
+            if isinstance(self.choice, (str, bytes)) or not isinstance(self.choice, (list, tuple)):
+                raise StructuredOutputError(f"choice must be a list of strings, got {type(self.choice).__name__}")
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise StructuredOutputError("choice must be a non-empty list of non-empty strings")
             self.choice = list(self.choice)
@@ -42,6 +51,8 @@ class StructuredOutputsParams:
                 self.json = json.loads(self.json)
             except json.JSONDecodeError as e:
                 raise StructuredOutputError(f"the JSON schema is not valid JSON: {e}") from e
+            except RecursionError:
+                raise StructuredOutputError("the JSON schema is nested too deeply to parse") from None
         if self.json is not None and not isinstance(self.json, (dict, bool)):
             raise StructuredOutputError(f"a JSON schema is an object, got {type(self.json).__name__}")
 
