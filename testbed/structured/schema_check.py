@@ -46,7 +46,7 @@ def check_depth(schema, max_depth: int) -> None:
 
 def _schemas(schema: dict):
     """(JSON pointer, node) for every dict in the schema, the root first (iterative)."""
-    stack = [("#", schema)]
+    stack: list[tuple[str, dict | list]] = [("#", schema)]
     while stack:
         path, node = stack.pop()
         if isinstance(node, dict):
@@ -110,14 +110,14 @@ def _must_refs(node) -> set[str]:
     if not isinstance(node, dict):
         return set()
     refs = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    required = node.get("required") if isinstance(node.get("required"), list) else []
+    props = node["properties"] if isinstance(node.get("properties"), dict) else {}
+    required = node["required"] if isinstance(node.get("required"), list) else []
     for name in required:
         if isinstance(name, str) and name in props:
             refs |= _must_refs(props[name])
     min_items = node.get("minItems", 0)
     if isinstance(min_items, int) and min_items >= 1:
-        prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+        prefix = node["prefixItems"] if isinstance(node.get("prefixItems"), list) else []
         for item in prefix[:min_items]:
             refs |= _must_refs(item)
         if min_items > len(prefix):
