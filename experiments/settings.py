@@ -21,6 +21,13 @@ from testbed.config import EngineConfig
 from testbed.server.settings import ServerSettings
 
 MODES = (None, "offline", "replay", "serve", "route")
+# Top-level keys of conf/ (groups and run-wide values); any other (`+max_num_seqs=8`) is refused, naming it.
+ROOT_KEYS = {
+    *("model", "kernel", "device", "executor", "scheduler", "cache", "spec", "server", "trace", "replay"),
+    *("cluster", "parallel", "link", "experiment", "mode", "seed", "dtype", "max_model_len", "workload"),
+    *("slo", "metrics", "progress", "results", "wandb"),
+    "priority_high_share",  # an experiment's share of urgent requests, read by scheduler=priority's options
+}
 REPLAY_KEYS = {
     "name": None,  # checked against experiments.replay.MODES
     "concurrency": "count",
@@ -52,6 +59,9 @@ class RunSettings:
 
 
 def run_settings(cfg: DictConfig) -> RunSettings:
+    unknown = sorted(set(cfg) - ROOT_KEYS)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a top-level setting (those are {sorted(ROOT_KEYS)})")
     if cfg.mode not in MODES:
         raise ValueError(f"mode: one of {MODES[1:]} or null, got {cfg.mode!r}")
     percentiles = _plain(cfg.metrics.percentiles)

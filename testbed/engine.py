@@ -15,7 +15,8 @@ from testbed.core.allocators import get_allocator
 from testbed.core.host_tier import attach_host_tier, host_copy_cost
 from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
-from testbed.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
+from testbed.core.scheduler import Scheduler, SchedulerConfig
 from testbed.core.swap import SwapManager
 from testbed.executor.base import ExecutorOutput
 from testbed.executor.build import build_executor

@@ -12,11 +12,12 @@ token is, and a request whose in-flight token is its last is not scheduled again
 
 import bisect
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from testbed.core.allocators.base import KVAllocator, KVCopy
+from testbed.core.allocators.base import KVAllocator
 from testbed.core.group_seats import GroupSeats
 from testbed.core.policies import SchedulingPolicy
+from testbed.core.sched_output import SchedulerOutput
 from testbed.core.swap import SwapManager
 from testbed.request import Request, RequestStatus
 from testbed.stopping import check_token_stop
@@ -37,34 +38,6 @@ class SchedulerConfig:
                 f"max_num_batched_tokens and max_num_seqs must be >= 1, got "
                 f"{self.max_num_batched_tokens} and {self.max_num_seqs}"
             )
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's work: everything an executor needs, pushed forward (it never reads the scheduler's or
-    the allocator's state). The three change lists cover what happened since the last non-empty output."""
-
-    requests: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)  # aligned with requests
-    # aligned with requests, as they were before this step: tokens with KV, and tokens known (prompt +
-    # outputs, counting an output still being sampled by an earlier step in flight; drafts excluded)
-    num_computed_tokens: list[int] = field(default_factory=list)
-    num_known_tokens: list[int] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    preempted: list[Request] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)  # finished: executors drop their per-request state
-    # request id -> (first changed position, block ids from there on): apply to the persistent block tables
-    block_updates: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
-    kv_copies: list[KVCopy] = field(default_factory=list)  # block copies (swap, copy on write), run in order first
-
-    @property
-    def total_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.requests
 
 
 class Scheduler:

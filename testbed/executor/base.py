@@ -16,7 +16,7 @@ for (input preparation, the forward), and the engine then fails every request of
 from dataclasses import dataclass
 from typing import Protocol
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 
 
 @dataclass

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from testbed.attention.backend import AttentionMetadata
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.host_buffers import InputBuffers
 

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.base import ExecutorOutput, StepExecutor
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.host_buffers import InputBuffers

@@ -9,7 +9,7 @@ leave to overlap with (async scheduling). Select it with `EngineConfig(executor=
 
 import time
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.base import ExecutorOutput, StepExecutor
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.host_buffers import InputBuffers

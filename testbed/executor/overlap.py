@@ -11,7 +11,7 @@ instead of their sum.
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.base import ExecutorOutput
 
 

@@ -8,7 +8,7 @@ step sends one token), not the Request with its sampling state.
 
 from dataclasses import dataclass
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ time the cost model does not price (see each cost model).
 
 import random
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.base import ExecutorOutput, StepExecutor
 from testbed.sim.shape import StepShape
 

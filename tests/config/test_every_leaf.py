@@ -283,6 +283,7 @@ def test_unknown_keys_and_bad_values_are_refused_naming_the_key():
         ("device.hbm_bandwidth_gbs=0", "device.hbm_bandwidth_gbs"),
         ("executor.spec_acceptance=2", "executor.spec_acceptance"),
         ("+replay.concurency=4", "replay.concurency"),
+        ("+max_num_seqs=8", "max_num_seqs"),
     ]:
         with pytest.raises(Exception, match=key.replace(".", r"\.")):
             run_settings(composed("executor=sim", "device=h100-sxm", "model=tiny", override))

@@ -4,9 +4,11 @@ when the library re-read its files by name): each changes simulated time as the 
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
 from experiments.cluster.runner import run_cluster
 from experiments.runner import run_trace
+from experiments.settings import run_settings
 
 from ..cluster.helpers import cfg
 
@@ -33,6 +35,10 @@ def test_halving_hbm_bandwidth_doubles_decode_bound_tpot(tmp_path):
     slow = summary(tmp_path, "slow", *DECODE_BOUND, "device.hbm_bandwidth_gbs=1675")
     # decode steps are weight reads (bandwidth-bound) plus fixed per-step/per-sequence overheads
     assert 1.9 < slow["mean_tpot_ms"] / base["mean_tpot_ms"] <= 2.0
+    # the run folder's config.yaml is the config that ran: it builds the same settings
+    saved = OmegaConf.load(tmp_path / "slow" / "config.yaml")
+    assert run_settings(saved) == run_settings(cfg(*SIM, *DECODE_BOUND, "device.hbm_bandwidth_gbs=1675"))
+    assert saved.device.hbm_bandwidth_gbs == 1675
 
 
 def test_halving_the_layers_about_halves_step_time(tmp_path):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from testbed.core.scheduler import SchedulerOutput
+from testbed.core.sched_output import SchedulerOutput
 from testbed.models.build import load_model_spec
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
