@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import cpu_name, environment
+from experiments.environment import cpu_name, environment
 from experiments.probe import MAX_DRIFT, MAX_FIT_ERROR, SelfCheck, probe_seconds
 from experiments.results import write_json
 from experiments.step_shapes import measure

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.common import environment
+from experiments.environment import environment
 from experiments.probe import probe_seconds
 from experiments.runner import build_engine, config_value, run_trace
 from experiments.step_shapes import StepShapes

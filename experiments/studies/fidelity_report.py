@@ -152,7 +152,7 @@ def _pct(x) -> str:
 
 
 def summary_markdown(figs: pd.DataFrame, knee_table: pd.DataFrame, residuals: pd.DataFrame, header: str) -> str:
-    from benchmarks.common import markdown_table
+    from experiments.environment import markdown_table
 
     lines = [header, ""]
     shown = [m for m in METRICS if m in TARGETS or m in ("request_throughput", "request_goodput")]

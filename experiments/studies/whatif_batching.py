@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.common import markdown_table
 from experiments.atomic import atomic_write_text
+from experiments.environment import markdown_table
 from experiments.runner import run_trace
 from experiments.stats import t_interval
 from experiments.studies.fidelity import compose
