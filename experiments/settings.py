@@ -25,7 +25,7 @@ MODES = (None, "offline", "replay", "serve", "route")
 ROOT_KEYS = {
     *("model", "kernel", "device", "executor", "scheduler", "cache", "spec", "server", "trace", "replay"),
     *("cluster", "parallel", "link", "experiment", "mode", "seed", "dtype", "max_model_len", "workload"),
-    *("slo", "metrics", "progress", "results", "wandb"),
+    *("slo", "metrics", "progress", "results", "wandb", "structured_outputs"),
     "priority_high_share",  # an experiment's share of urgent requests, read by scheduler=priority's options
 }
 REPLAY_KEYS = {
