@@ -65,8 +65,8 @@ def main(argv=None) -> None:
     prompts = [{"prompt_token_ids": [1] + [100 + 7 * i + j for j in range(args.prompt_len - 1)]}
                for i in range(args.batch)]  # fmt: skip
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    for llm in engines.values():
-        run_round(llm, prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True))  # warm up
+    for llm in engines.values():  # warm up: one whole unmeasured round each (first steps pay page faults)
+        run_round(llm, prompts, params)
     rows, ratios = [], []
     for r in range(args.rounds):
         order = (1, args.tp) if r % 2 == 0 else (args.tp, 1)

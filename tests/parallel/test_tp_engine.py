@@ -83,8 +83,17 @@ def test_tp2_matches_tp1_through_prefix_cache_chunked_prefill_and_swap_preemptio
     assert all(p.exitcode is not None for p in tp.executor.tp.procs)
 
 
-def test_tp2_matches_tp1_with_ngram_speculation():
-    kw = dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "ngram", "num_speculative_tokens": 3},
+        # the draft model runs whole on rank 0 (vLLM's draft_tensor_parallel_size=1)
+        {"method": "draft", "model": "tiny", "num_layers": 1, "num_speculative_tokens": 2},
+    ],
+    ids=["ngram", "draft"],
+)
+def test_tp2_matches_tp1_with_speculation(spec):
+    kw = dict(speculative_config=spec)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     ref = run(engine(1, **kw), PROMPTS[3:], params)
     tp = engine(2, **kw)
