@@ -42,6 +42,7 @@ def overrides(args, requests: int) -> list[str]:
         f"scheduler.max_num_batched_tokens={args.budget}",
         f"cluster.replicas={args.replicas}",
         f"cluster.router={args.router}",
+        f"executor.skip_steps={str(args.skip_steps).lower()}",
     ]
 
 
@@ -72,6 +73,12 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--profile-requests", type=int, default=2000)
+    p.add_argument(
+        "--skip-steps",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        default=True,
+        help="executor.skip_steps (true: decode steps between events in one go; false: one by one)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "results" / "cluster")
     args = p.parse_args(argv)
     load_before = load_average()
@@ -117,7 +124,8 @@ def main(argv=None) -> None:
         f"# Simulated cluster speed (SIMULATED: {args.model} on the {args.device} roofline model)\n\n{table}\n\n"
         f"Workload: {result['requests']} Azure conversation requests ({args.trace_path}), open loop, arrivals "
         f"x{args.time_scale or args.replicas}, {args.replicas} replicas behind {args.router}, max_num_seqs "
-        f"{args.max_num_seqs}, budget {args.budget}. Machine: {env['cpu']}, {env['cpu_count']} cores, load "
+        f"{args.max_num_seqs}, budget {args.budget}, executor.skip_steps={str(args.skip_steps).lower()}. "
+        f"Machine: {env['cpu']}, {env['cpu_count']} cores, load "
         f"{load_before} before / {load_after} after the timed run (other agents' jobs share it), {env['date']}, "
         f"git {env['git']}.\n\nCommand: `python -m benchmarks.cluster_speed "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"

@@ -37,6 +37,7 @@ def overrides(args, requests: int) -> list[str]:
         "replay=open_loop",
         f"scheduler.max_num_seqs={args.max_num_seqs}",
         f"scheduler.max_num_batched_tokens={args.budget}",
+        f"executor.skip_steps={str(args.skip_steps).lower()}",
     ]
 
 
@@ -64,6 +65,12 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--profile-requests", type=int, default=1000)
+    p.add_argument(
+        "--skip-steps",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        default=True,
+        help="executor.skip_steps (true: decode steps between events in one go; false: one by one)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "results" / "sim_speed")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +113,8 @@ def main(argv=None) -> None:
         args.out / "sim_speed.md",
         f"# Simulator speed\n\n{table}\n\nWorkload: {args.requests} Azure conversation requests ({args.trace_path}), "
         f"open loop at trace speed, {args.model} on the {args.device} roofline model, max_num_seqs "
-        f"{args.max_num_seqs}, budget {args.budget}. Machine: {result['environment']['cpu']}, "
+        f"{args.max_num_seqs}, budget {args.budget}, executor.skip_steps={str(args.skip_steps).lower()}. "
+        f"Machine: {result['environment']['cpu']}, "
         f"{result['environment']['cpu_count']} cores, load {result['environment']['load_average']}, "
         f"{result['environment']['date']}, git {result['environment']['git']}.\n\n"
         f"Where the time goes (cProfile, {args.profile_requests} requests, top functions by own time):\n\n"
