@@ -13,9 +13,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 DOCS = 4
 
 
-def engine(num_blocks, tier=None, executor="real", **kw):
+def engine(num_blocks, tier=None, executor="real", model="tiny", **kw):
     sim = {"device": "h100-sxm"} if executor == "sim" else None
-    return Engine(EngineConfig(model="tiny", kernel="torch", block_size=16, num_blocks=num_blocks, max_num_seqs=4,
+    return Engine(EngineConfig(model=model, kernel="torch", block_size=16, num_blocks=num_blocks, max_num_seqs=4,
                                host_tier=tier, executor=executor, sim_config=sim, **kw))  # fmt: skip
 
 
@@ -62,6 +62,15 @@ def test_host_loads_restore_exactly_the_evicted_contents(write):
     broken = ask_each_doc_twice(engine(8, {"blocks": 64, "write": write}), before_second_round=corrupt)
     assert [broken[f"r{i}"][1] for i in range(DOCS, 2 * DOCS)] == [48] * DOCS
     assert any(broken[f"r{i}"][0] != reference[f"r{i}"][0] for i in range(DOCS, 2 * DOCS))
+
+
+@pytest.mark.slow
+def test_host_loads_restore_smollm2_greedy_tokens():
+    """The same with the real SmolLM2-135M weights (minutes on a loaded 2-core CPU)."""
+    reference = ask_each_doc_twice(engine(400, model="smollm2-135m"))
+    e = engine(8, {"blocks": 64}, model="smollm2-135m")
+    assert ask_each_doc_twice(e) == reference
+    assert e.kv.host_hits == DOCS * 48
 
 
 def test_a_small_host_tier_keeps_only_the_most_recent_evictions():
