@@ -125,6 +125,7 @@ class AsyncEngine:
         self._num_waiting = 0  # the engine's waiting queue after the last step (stepping thread writes)
         self._live: dict[str, RequestStream] = {}  # stepping thread only
         self._first_token_seen: set[str] = set()  # stepping thread only
+        self._params: dict[str, SamplingParams] = {}  # stepping thread only: for the metrics at finish
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
@@ -258,6 +259,7 @@ class AsyncEngine:
                 batch.append((cmd.stream, ValueError(str(e)) if isinstance(e, ValueError) else EngineError(str(e))))
             else:
                 self._live[rid] = cmd.stream
+                self._params[rid] = cmd.params
             finally:
                 with self._lock:
                     self._pending_adds -= 1
@@ -280,7 +282,8 @@ class AsyncEngine:
         )
         if first:
             self._first_token_seen.add(rid)
-        self.metrics.on_output(out, first)
+        params = self._params.pop(rid, None) if out.finished else None
+        self.metrics.on_output(out, first, params=params)
         if out.finished:
             self._first_token_seen.discard(rid)
             self._live.pop(rid, None)
@@ -305,6 +308,7 @@ class AsyncEngine:
                 out = None
             if error is not None:
                 self._live.pop(rid, None)
+                self._params.pop(rid, None)
                 self._first_token_seen.discard(rid)
                 if out is not None:
                     self.metrics.on_output(out, False, "error")
@@ -313,6 +317,7 @@ class AsyncEngine:
                 self._on_output(out, stream, batch)
             else:
                 self._live.pop(rid, None)
+                self._params.pop(rid, None)
                 batch.append((stream, EngineError("request lost at shutdown")))
 
     def _run(self) -> None:

@@ -1,6 +1,9 @@
-"""POST /v1/chat/completions: messages through the model's chat template, the reply whole or streamed."""
+"""POST /v1/chat/completions: messages (and tools) through the model's chat template, the reply whole or
+streamed; with tools, the reply's tool calls read as testbed/server/tools/ describes."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from fastapi import APIRouter, Request
 
@@ -8,28 +11,35 @@ from testbed.outputs import RequestOutput
 from testbed.server import protocol as P
 from testbed.server.async_engine import AsyncEngine
 from testbed.server.logprobs import chat_logprobs, prompt_logprobs_json
-from testbed.server.request_input import Admitted, admit_request, chat_prompt_ids
+from testbed.server.request_input import Admitted, admit_request
 from testbed.server.responses import answer, usage_of
 from testbed.server.served_model import ServedModel
 from testbed.server.text_deltas import text_deltas
+from testbed.server.tools.parsers import ToolParser
+from testbed.server.tools.render import chat_prompt_ids
+from testbed.server.tools.reply import ToolDeltas, ToolReply, tool_reply
 
 
-def chat_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
+def chat_body(model: ServedModel, a: Admitted, out: RequestOutput, reply: ToolReply | None) -> dict:
     choices = []
     for i, c in enumerate(out.outputs):
         lp = None
         if a.req.logprobs:
             lp = chat_logprobs(model.tokenizer, c.token_ids, c.logprobs or [], a.req.top_logprobs or 0)
-        message = {"message": {"role": "assistant", "content": c.text}}
-        choices.append(P.choice(i, message, lp, c.finish_reason, c.stop_reason))
+        if reply is None:
+            message, finish = {"role": "assistant", "content": c.text}, c.finish_reason
+        else:
+            message, finish = reply.message(c.text, c.finish_reason)
+        choices.append(P.choice(i, {"message": message}, lp, finish, c.stop_reason))
     body = P.response(a.rid, a.created, model.name, "chat.completion", choices, usage_of(a, out))
     if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: top level
         body["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
     return body
 
 
-async def chat_chunks(model: ServedModel, a: Admitted):
+async def chat_chunks(model: ServedModel, a: Admitted, reply: ToolReply | None):
     req, n_prompt, obj = a.req, len(a.prompt_ids), "chat.completion.chunk"
+    tools: dict[int, ToolDeltas] = {}
     # OpenAI's first chunk of each choice carries the role alone
     for i in range(a.params.n):
         role = P.choice(i, {"delta": {"role": "assistant", "content": ""}}, None, None)
@@ -42,20 +52,33 @@ async def chat_chunks(model: ServedModel, a: Admitted):
             if req.logprobs:
                 lp = chat_logprobs(model.tokenizer, d.new_token_ids, d.logprobs, req.top_logprobs or 0)
             u = usage_of(a, out, d.completion_tokens) if req.continuous_usage else None
-            delta = {"content": d.text} if (d.text or not d.done) else {}
             finish, stop = (c.finish_reason, c.stop_reason) if d.done else (None, None)
+            if reply is None:
+                delta = {"content": d.text} if (d.text or not d.done) else {}
+            else:
+                state = tools.setdefault(c.index, ToolDeltas(reply))
+                text = state.add(d.text)
+                delta = {"content": text} if text else {}
+                if d.done:
+                    last, finish = state.finish(c.finish_reason)
+                    delta = {**last, "content": text + last["content"]} if "content" in last else {**delta, **last}
+                elif not delta and lp is None:  # output held back (a tool call may be starting): no chunk
+                    continue
             chunk = P.choice(c.index, {"delta": delta}, lp, finish, stop)
             yield P.response(a.rid, a.created, model.name, obj, [chunk], u)
         if out.finished and req.include_usage:
             yield P.usage_chunk(a.rid, a.created, model.name, obj, usage_of(a, out))
 
 
-def chat_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRouter:
+def chat_routes(model: ServedModel, async_engine: AsyncEngine, parser: ToolParser | None = None) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        a = await admit_request(request, P.ChatCompletionRequest, chat_prompt_ids, "chatcmpl", model, async_engine)
-        return await answer(request, a, lambda: chat_chunks(model, a), lambda out: chat_body(model, a, out))
+        prompt_ids = partial(chat_prompt_ids, parser=parser)
+        a = await admit_request(request, P.ChatCompletionRequest, prompt_ids, "chatcmpl", model, async_engine)
+        reply = tool_reply(a.req, parser)
+        chunks, body = (lambda: chat_chunks(model, a, reply)), (lambda out: chat_body(model, a, out, reply))
+        return await answer(request, a, chunks, body)
 
     return router

@@ -1,5 +1,7 @@
-"""POST /v1/completions: one prompt (text or token ids) in, its completion out, whole or streamed.
-echo: true puts the prompt before the completion (and, with logprobs, the prompt tokens' logprobs first)."""
+"""POST /v1/completions: a prompt (text or token ids) or a list of them in, their completions out, whole or
+streamed. Each prompt is its own engine request (testbed/server/prompt_batch.py); choice k*n + j is the j-th
+completion of prompt k, as in OpenAI's and vLLM's servers. echo: true puts the prompt before the completion
+(and, with logprobs, the prompt tokens' logprobs first)."""
 
 from __future__ import annotations
 
@@ -9,22 +11,21 @@ from testbed.outputs import RequestOutput
 from testbed.server import protocol as P
 from testbed.server.async_engine import AsyncEngine
 from testbed.server.logprobs import completion_logprobs, prompt_logprobs_json
-from testbed.server.request_input import Admitted, admit_request, completion_prompt_ids
-from testbed.server.responses import answer, usage_of
+from testbed.server.prompt_batch import admit_prompts
+from testbed.server.request_input import Admitted
+from testbed.server.responses import answer_all, merged, usage_of
 from testbed.server.served_model import ServedModel
 from testbed.server.text_deltas import text_deltas
 
 
 def echoed_prompt(model: ServedModel, a: Admitted) -> str:
-    prompt = a.req.single_prompt()
-    if isinstance(prompt, str):
-        return prompt
+    if isinstance(a.prompt, str):
+        return a.prompt
     return model.tokenizer.decode(a.prompt_ids) if model.tokenizer is not None else ""
 
 
-def completion_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict:
-    """The whole response: one choice per returned completion (n, or the best n of best_of), indexed in
-    order as vLLM's server does."""
+def completion_choices(model: ServedModel, a: Admitted, out: RequestOutput, first: int) -> list[dict]:
+    """One choice per returned completion of one prompt (n, or the best n of best_of), from index first."""
     choices = []
     for i, c in enumerate(out.outputs):
         text, token_ids, entries = c.text, c.token_ids, c.logprobs or []
@@ -33,35 +34,59 @@ def completion_body(model: ServedModel, a: Admitted, out: RequestOutput) -> dict
             if out.prompt_logprobs is not None:
                 token_ids, entries = a.prompt_ids + token_ids, out.prompt_logprobs + entries
         lp = completion_logprobs(model.tokenizer, token_ids, entries, 0) if a.params.logprobs is not None else None
-        choice = P.choice(i, {"text": text}, lp, c.finish_reason, c.stop_reason)
+        choice = P.choice(first + i, {"text": text}, lp, c.finish_reason, c.stop_reason)
         if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: on the choice
             choice["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
         choices.append(choice)
-    return P.response(a.rid, a.created, model.name, "text_completion", choices, usage_of(a, out))
+    return choices
 
 
-async def completion_chunks(model: ServedModel, a: Admitted):
-    """One chunk per engine output that adds to a choice (with that choice's index)."""
+def total_usage(batch: list[Admitted], outs: list[RequestOutput]) -> dict:
+    usages = [usage_of(a, out) for a, out in zip(batch, outs)]
+    cached = sum(u.get("prompt_tokens_details", {}).get("cached_tokens", 0) for u in usages)
+    return P.usage(sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages), cached)
+
+
+def completion_body(model: ServedModel, batch: list[Admitted], outs: list[RequestOutput]) -> dict:
+    n, a0 = batch[0].params.n, batch[0]
+    choices = [c for k, (a, out) in enumerate(zip(batch, outs)) for c in completion_choices(model, a, out, k * n)]
+    return P.response(a0.rid, a0.created, model.name, "text_completion", choices, total_usage(batch, outs))
+
+
+async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dict):
+    """One chunk per engine output that adds to a choice of this prompt (index first + the choice's);
+    the prompt's finished output lands in finals[first]."""
     req, text_pos, echoed = a.req, {}, set()
     async for d in text_deltas(model.tokenizer, a.params, a.stream):
         out, c = d.out, d.choice
-        if c is not None:
-            text, new, lps = d.text, d.new_token_ids, d.logprobs
-            if req.echo and c.index not in echoed:  # the prompt rides on each choice's first chunk
-                echoed.add(c.index)
-                text = echoed_prompt(model, a) + text
-                if out.prompt_logprobs is not None:
-                    new, lps = a.prompt_ids + list(new), out.prompt_logprobs + list(lps)
-            lp = None
-            if a.params.logprobs is not None:
-                lp = completion_logprobs(model.tokenizer, new, lps, text_pos.get(c.index, 0))
-            text_pos[c.index] = text_pos.get(c.index, 0) + len(text)
-            finish, stop = (c.finish_reason, c.stop_reason) if d.done else (None, None)
-            usage = usage_of(a, out, d.completion_tokens) if req.continuous_usage else None
-            chunk = P.choice(c.index, {"text": text}, lp, finish, stop)
-            yield P.response(a.rid, a.created, model.name, "text_completion", [chunk], usage)
-        if out.finished and req.include_usage:
-            yield P.usage_chunk(a.rid, a.created, model.name, "text_completion", usage_of(a, out))
+        if out.finished:
+            finals[first] = out
+        if c is None:
+            continue
+        text, new, lps = d.text, d.new_token_ids, d.logprobs
+        if req.echo and c.index not in echoed:  # the prompt rides on each choice's first chunk
+            echoed.add(c.index)
+            text = echoed_prompt(model, a) + text
+            if out.prompt_logprobs is not None:
+                new, lps = a.prompt_ids + list(new), out.prompt_logprobs + list(lps)
+        lp = None
+        if a.params.logprobs is not None:
+            lp = completion_logprobs(model.tokenizer, new, lps, text_pos.get(c.index, 0))
+        text_pos[c.index] = text_pos.get(c.index, 0) + len(text)
+        finish, stop = (c.finish_reason, c.stop_reason) if d.done else (None, None)
+        usage = usage_of(a, out, d.completion_tokens) if req.continuous_usage else None
+        chunk = P.choice(first + c.index, {"text": text}, lp, finish, stop)
+        yield P.response(a.rid, a.created, model.name, "text_completion", [chunk], usage)
+
+
+async def completion_chunks(model: ServedModel, batch: list[Admitted]):
+    """Every prompt's chunks as they come, then (include_usage) one usage chunk for the whole call."""
+    n, a0, finals = batch[0].params.n, batch[0], {}
+    async for chunk in merged([prompt_chunks(model, a, k * n, finals) for k, a in enumerate(batch)]):
+        yield chunk
+    if a0.req.include_usage:
+        outs = [finals[k * n] for k in range(len(batch))]
+        yield P.usage_chunk(a0.rid, a0.created, model.name, "text_completion", total_usage(batch, outs))
 
 
 def completion_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRouter:
@@ -69,7 +94,9 @@ def completion_routes(model: ServedModel, async_engine: AsyncEngine) -> APIRoute
 
     @router.post("/v1/completions")
     async def completions(request: Request):
-        a = await admit_request(request, P.CompletionRequest, completion_prompt_ids, "cmpl", model, async_engine)
-        return await answer(request, a, lambda: completion_chunks(model, a), lambda out: completion_body(model, a, out))
+        batch = await admit_prompts(request, model, async_engine)
+        return await answer_all(
+            request, batch, lambda: completion_chunks(model, batch), lambda outs: completion_body(model, batch, outs)
+        )
 
     return router

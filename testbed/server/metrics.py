@@ -35,6 +35,7 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
+PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]  # vLLM's request_params_n
 ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason values
 
@@ -117,6 +118,18 @@ class ServerMetrics:
             "Histogram of time spent in DECODE phase for request.",
             LATENCY_BUCKETS,
         )
+        # the request's own parameters, at finish (vLLM: FinishedRequestStats.n_param / max_tokens_param);
+        # deviation: fixed 1-2-5 buckets to 100000 (vLLM builds them up to max_model_len)
+        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS)
+        self.params_max_tokens = histogram(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", TOKEN_BUCKETS
+        )
+        self.max_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            TOKEN_BUCKETS,
+        )
+        self._cache_info_set = False
         self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
@@ -154,7 +167,27 @@ class ServerMetrics:
             counter.inc(gained)
         self._seen[key] = total
 
+    def cache_config_info(self, engine) -> None:
+        """vLLM's vllm:cache_config_info: a gauge of 1 whose labels are the KV cache's configuration
+        (CacheConfig.metrics_info(); the names vLLM uses, values as strings)."""
+        config = engine.config
+        swap = config.preemption_mode == "swap"
+        info = {
+            "block_size": str(engine.kv.block_size if hasattr(engine.kv, "block_size") else config.block_size),
+            "cache_dtype": str(config.kv_cache_dtype),
+            "enable_prefix_caching": str(bool(config.enable_prefix_caching)),
+            "num_gpu_blocks": str(engine.kv.num_blocks),
+            "num_cpu_blocks": str(config.num_cpu_blocks) if swap and config.num_cpu_blocks else "None",
+            "swap_space": str(config.swap_space_gb if swap else 0),
+        }
+        gauge = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", [*info, "engine"],
+                      registry=self.registry)  # fmt: skip
+        gauge.labels(**info, engine="0").set(1)
+
     def engine_state(self, engine, num_pending: int) -> None:
+        if not self._cache_info_set:
+            self._cache_info_set = True
+            self.cache_config_info(engine)
         kv, scheduler = engine.kv, engine.scheduler
         free, total = kv.pool.num_free_blocks, kv.num_blocks
         self.num_running.set(scheduler.num_running)
@@ -181,8 +214,9 @@ class ServerMetrics:
             for pos, accepted in enumerate(m.accepted_per_position):
                 self._advance(self._spec_per_pos.labels(*self._labels, str(pos)), ("spec_pos", pos), accepted)
 
-    def on_output(self, out: RequestOutput, first_token: bool, finish_reason: str | None = None) -> None:
-        """finish_reason: overrides the output's (a request failed by an engine failure is "error")."""
+    def on_output(self, out: RequestOutput, first_token: bool, finish_reason: str | None = None, params=None) -> None:
+        """finish_reason: overrides the output's (a request failed by an engine failure is "error");
+        params: the request's SamplingParams (its n and max_tokens are observed at finish)."""
         m, rid = out.metrics, out.request_id
         c = out.outputs[0]  # a group's sequence outputs hold just that sequence (testbed.sequence_group)
         seq = (rid, c.index)  # parallel sampling: inter-token intervals within each sequence
@@ -205,6 +239,11 @@ class ServerMetrics:
             if reason not in ("abort", "error") and m is not None and m.finish_time is not None:
                 num_output = sum(len(c.token_ids) for c in out.outputs)
                 self._observe_finished(m, len(out.prompt_token_ids), num_output)
+                self.max_generation_tokens.observe(max(len(c.token_ids) for c in out.outputs))
+                if params is not None:
+                    self.params_n.observe(params.n)
+                    if params.max_tokens is not None:
+                        self.params_max_tokens.observe(params.max_tokens)
 
     def _observe_finished(self, m, num_prompt: int, num_output: int) -> None:
         """vLLM's per-request histograms, at finish (vllm/v1/metrics/stats.py FinishedRequestStats)."""

@@ -11,11 +11,12 @@ by SamplingParams itself, so HTTP and in-process callers get the same messages.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from testbed.sampling_params import SamplingParamError, SamplingParams
 from testbed.server.output_constraints import (
@@ -24,6 +25,8 @@ from testbed.server.output_constraints import (
     constraint_field,
     output_constraint,
 )
+from testbed.server.tools.choice import tool_schema
+from testbed.server.tools.spec import NamedToolChoice, Tool, ToolChoice
 from testbed.structured import StructuredOutputsParams
 
 
@@ -201,31 +204,35 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    # str | [str] (one) | [int] | [[int]] (one)
+    # one prompt (str | [int]) or a batch ([str] | [[int]]): one engine request per prompt, choices
+    # indexed prompt * n + j as OpenAI and vLLM do
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None  # k: the sampled token + the k most likely, k <= 20 (checked by SamplingParams)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, prompt):
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("an empty list: send a string, token ids, or a list of them")
+        if isinstance(prompt, list) and any(isinstance(p, list) and not p for p in prompt):
+            raise ValueError("a prompt of token ids is empty")
+        return prompt
+
     @model_validator(mode="after")
-    def _prompt(self):
-        if (
-            isinstance(self.prompt, list)
-            and self.prompt
-            and isinstance(self.prompt[0], (str, list))
-            and len(self.prompt) != 1
-        ):
-            raise ValueError(f"a batch of {len(self.prompt)} prompts is not supported: send one prompt")
+    def _suffix(self):
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the call, in order (one for a string or a list of token ids)."""
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            return p[0]
-        return p
+            return list(p)
+        return [p]
 
     def default_max_tokens(self) -> int | None:
         return 16  # OpenAI's default for completions
@@ -255,11 +262,34 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str
+    arguments: str  # JSON text
+
+    @model_validator(mode="after")
+    def _json(self):
+        try:
+            json.loads(self.arguments)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the arguments of tool call {self.name!r} are not JSON: {e}") from None
+        return self
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -268,6 +298,24 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def template_dict(self) -> dict:
+        """The message as chat templates read it (tool-call arguments as objects, as vLLM passes them)."""
+        d: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name is not None:
+            d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        return d
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -275,15 +323,48 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True  # vLLM extension
-    tools: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none" (OpenAI)
+    parallel_tool_calls: bool = True
+    functions: Any = None  # OpenAI's deprecated function calling: refused
+    function_call: Any = None
 
     @model_validator(mode="after")
     def _chat(self):
-        if self.tools:
-            raise ValueError("tools are not supported")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        if self.functions is not None or self.function_call is not None:
+            raise ValueError("functions and function_call (deprecated) are not supported: use tools and tool_choice")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tools has two functions of one name: {names}")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names function {choice.function.name!r}, which is not in tools {names}")
+        if choice is not None and choice != "none" and not names:
+            raise ValueError(f"tool_choice {_choice_name(choice)} needs tools")
         return self
+
+    @property
+    def effective_tool_choice(self):
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """tool_choice required / named: the tools' schema; otherwise the request's own constraint."""
+        own = super().structured()
+        schema = tool_schema(self.tools, self.effective_tool_choice, self.parallel_tool_calls)
+        if schema is None:
+            return own
+        if own is not None:
+            raise SamplingParamError(
+                "tool_choice",
+                f"tool_choice {self.tool_choice!r} constrains the output; it cannot be combined with "
+                f"{self._constraint_field}",
+            )
+        self._constraint_field = "tool_choice"
+        return StructuredOutputsParams(json=schema)
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -292,7 +373,15 @@ class ChatCompletionRequest(_SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return [m.template_dict() for m in self.messages]
+
+    def tool_dicts(self) -> list[dict] | None:
+        """The tools as chat templates take them."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+
+def _choice_name(choice) -> str:
+    return repr(choice) if isinstance(choice, str) else f"naming function {choice.function.name!r}"
 
 
 # ---- responses ------------------------------------------------------------------------------------

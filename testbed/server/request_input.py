@@ -4,6 +4,7 @@ is an APIError (an OpenAI-style error body)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +43,15 @@ async def parse_request(request: Request, model_cls, model: ServedModel):
     return req
 
 
-def sampling_params(req) -> SamplingParams:
+def sampling_params(req, model: ServedModel) -> SamplingParams:
     try:
-        return req.to_sampling_params()
+        params = req.to_sampling_params()
     except (ValueError, TypeError) as e:  # SamplingParamError / StructuredOutputError name the parameter
         raise P.APIError(str(e), 400, param=_field(req, getattr(e, "param", None)), code="invalid_value") from e
+    so = params.structured_outputs
+    if so is not None and so.max_whitespace != model.json_max_whitespace:  # the server's bound (settings)
+        params.structured_outputs = dataclasses.replace(so, max_whitespace=model.json_max_whitespace)
+    return params
 
 
 def _field(req, param: str | None) -> str | None:
@@ -67,15 +72,14 @@ def check_prompt_size(req, model: ServedModel) -> None:
     """Text longer than max_prompt_chars is refused before it is tokenized."""
     if isinstance(req, P.ChatCompletionRequest):
         n, param = sum(len(m.text()) for m in req.messages), "messages"
-    else:
-        prompt = req.single_prompt()
-        n, param = (len(prompt) if isinstance(prompt, str) else 0), "prompt"
+    else:  # every prompt of a batch together
+        n, param = sum(len(p) for p in req.prompts() if isinstance(p, str)), "prompt"
     if n > model.max_prompt_chars:
         raise _prompt_too_long(n, model.max_prompt_chars, param)
 
 
-def completion_prompt_ids(tokenizer, req: P.CompletionRequest, model: ServedModel) -> list[int]:
-    prompt = req.single_prompt()
+def completion_prompt_ids(tokenizer, prompt: str | list[int], model: ServedModel) -> list[int]:
+    """One completion prompt's token ids (a string is encoded with the tokenizer's special tokens)."""
     if not isinstance(prompt, str):
         return list(prompt)
     if tokenizer is None:
@@ -83,18 +87,6 @@ def completion_prompt_ids(tokenizer, req: P.CompletionRequest, model: ServedMode
             f"model `{model.name}` has no tokenizer: send the prompt as a list of token ids", 400, param="prompt"
         )
     return tokenizer.encode(prompt)
-
-
-def chat_prompt_ids(tok, req: P.ChatCompletionRequest, model: ServedModel) -> list[int]:
-    if tok is None or not getattr(tok, "chat_template", None):
-        raise P.APIError(f"model `{model.name}` has no chat template", 400, param="messages")
-    try:
-        text = tok.apply_chat_template(
-            req.conversation(), add_generation_prompt=req.add_generation_prompt, tokenize=False
-        )
-    except Exception as e:  # template errors (e.g. a role it rejects) are the caller's
-        raise P.APIError(f"the chat template rejected the messages: {e}", 400, param="messages") from e
-    return tok.encode(text, add_special_tokens=False)
 
 
 async def compile_constraint(async_engine: AsyncEngine, req, params: SamplingParams) -> None:
@@ -120,6 +112,7 @@ class Admitted:
     rid: str
     created: int
     stream: RequestStream
+    prompt: str | list[int] | None = None  # as the client sent it (completions' echo)
 
 
 async def admit_request(
@@ -132,7 +125,7 @@ async def admit_request(
 ) -> Admitted:
     arrival = async_engine.engine.clock()  # TTFT includes parsing and tokenizing
     req = await parse_request(request, model_cls, model)
-    params = sampling_params(req)
+    params = sampling_params(req, model)
     check_prompt_size(req, model)
     prompt_ids = await model.tokenizers.run(prompt_ids_of, req, model)  # off the event loop
     await compile_constraint(async_engine, req, params)
@@ -145,15 +138,7 @@ async def admit_request(
     return Admitted(req, params, prompt_ids, rid, created, stream)
 
 
-def _add_to_engine(
-    async_engine: AsyncEngine,
-    model: ServedModel,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    rid: str,
-    arrival: float,
-    priority: int = 0,
-) -> RequestStream:
+def _check_context(model: ServedModel, prompt_ids: list[int], params: SamplingParams) -> None:
     n, max_len = len(prompt_ids), model.max_model_len
     if params.max_tokens is not None and n + params.max_tokens > max_len:
         raise P.APIError(
@@ -164,12 +149,38 @@ def _add_to_engine(
             param="prompt" if n >= max_len else "max_tokens",
             code="context_length_exceeded",
         )
+
+
+def _engine_refusal(e: ValueError) -> P.APIError:
+    """The engine's checks; sampling ones (vocabulary, grammar) name their parameter."""
+    param = getattr(e, "param", None)
+    code = "invalid_value" if param else "invalid_prompt"
+    return P.APIError(str(e), 400, param=param or "prompt", code=code)
+
+
+def check_request(async_engine: AsyncEngine, model: ServedModel, prompt_ids: list[int], params: SamplingParams) -> None:
+    """Every check adding the request would make, without adding it (a batch is checked whole first)."""
+    _check_context(model, prompt_ids, params)
+    try:
+        async_engine.validate(prompt_ids, params)
+    except ValueError as e:
+        raise _engine_refusal(e) from e
+
+
+def _add_to_engine(
+    async_engine: AsyncEngine,
+    model: ServedModel,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    rid: str,
+    arrival: float,
+    priority: int = 0,
+) -> RequestStream:
+    _check_context(model, prompt_ids, params)
     try:
         return async_engine.add_request(prompt_ids, params, rid, arrival, priority)
-    except ValueError as e:  # the engine's checks; sampling ones (vocabulary, grammar) name their parameter
-        param = getattr(e, "param", None)
-        code = "invalid_value" if param else "invalid_prompt"
-        raise P.APIError(str(e), 400, param=param or "prompt", code=code) from e
+    except ValueError as e:
+        raise _engine_refusal(e) from e
     except QueueFullError as e:
         raise P.APIError(str(e), 503, "service_unavailable_error", code="queue_full") from e
     except ShuttingDownError as e:

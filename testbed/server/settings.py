@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from testbed.server.tools.parsers import tool_parser
+from testbed.structured.params import JSON_MAX_WHITESPACE
+
 
 @dataclass
 class ServerSettings:
@@ -22,6 +25,8 @@ class ServerSettings:
     header_timeout_s: float = 20.0  # a connection that has not sent a whole request head by then is closed
     body_timeout_s: float = 60.0  # a request whose body has not fully arrived by then gets 408
     tokenizer_threads: int = 2  # tokenization and chat templates run here, off the event loop
+    tool_parser: str | None = "hermes"  # reads tool calls (tool_choice auto); None: auto is refused
+    json_max_whitespace: int | None = JSON_MAX_WHITESPACE  # longest whitespace run in constrained JSON
 
     @classmethod
     def from_cfg(cls, cfg: Any = None, **overrides) -> ServerSettings:
@@ -49,6 +54,10 @@ class ServerSettings:
             value = getattr(settings, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"server.{name} must be an integer >= 1, got {value!r}")
+        tool_parser(settings.tool_parser)  # a name it does not know: ValueError naming the known ones
+        ws = settings.json_max_whitespace
+        if ws is not None and (not isinstance(ws, int) or isinstance(ws, bool) or ws < 1):
+            raise ValueError(f"server.json_max_whitespace must be an integer >= 1 or null, got {ws!r}")
         for name in ("header_timeout_s", "body_timeout_s"):
             value = getattr(settings, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:

@@ -168,11 +168,12 @@ class GrammarBackend:
     @staticmethod
     def _compile_now(compiler, params: StructuredOutputsParams):
         any_ws = not params.disable_any_whitespace
+        ws = {"any_whitespace": any_ws, "max_whitespace_cnt": params.max_whitespace if any_ws else None}
         try:
             if params.json is not None:
-                return compiler.compile_json_schema(json.dumps(params.json), any_whitespace=any_ws)
+                return compiler.compile_json_schema(json.dumps(params.json), **ws)
             if params.json_object:
-                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_ws)
+                return compiler.compile_json_schema('{"type": "object"}', **ws)
             if params.regex is not None:
                 return compiler.compile_regex(params.regex)
             if params.choice is not None:

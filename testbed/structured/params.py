@@ -6,6 +6,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# Longest run of free whitespace in constrained JSON (xgrammar's max_whitespace_cnt). Unbounded (vLLM's
+# default), a small model can write newlines until max_tokens instead of closing the object.
+JSON_MAX_WHITESPACE = 16
+
 
 class StructuredOutputError(ValueError):
     """A constraint that cannot be used: malformed, unsupported or unsatisfiable (HTTP 400)."""
@@ -17,7 +21,8 @@ class StructuredOutputError(ValueError):
 class StructuredOutputsParams:
     """Exactly one constraint. `json`: a JSON schema (dict or its text); `json_object`: any JSON object
     (OpenAI's response_format json_object); `regex`; `choice`: one of these strings; `grammar`: EBNF in
-    xgrammar's (GBNF-style) syntax. `disable_any_whitespace`: JSON without free whitespace (vLLM's flag)."""
+    xgrammar's (GBNF-style) syntax. `disable_any_whitespace`: JSON without free whitespace (vLLM's flag);
+    otherwise `max_whitespace` bounds each whitespace run (None: unbounded)."""
 
     json: str | dict | None = None
     regex: str | None = None
@@ -25,10 +30,14 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool = False
     disable_any_whitespace: bool = False
+    max_whitespace: int | None = JSON_MAX_WHITESPACE
     # (GrammarBackend, its compiled grammar): set once compiled, so the sampler never compiles again
     _compiled: tuple[Any, Any] = field(default=(None, None), init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        ws = self.max_whitespace
+        if ws is not None and (not isinstance(ws, int) or isinstance(ws, bool) or ws < 1):
+            raise StructuredOutputError(f"max_whitespace must be an integer >= 1 or None, got {ws!r}")
         kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         kinds += ["json_object"] if self.json_object else []
         if len(kinds) != 1:
@@ -65,9 +74,9 @@ class StructuredOutputsParams:
     def key(self) -> tuple:
         """Hashable identity of the constraint (the compile cache's key)."""
         if self.json is not None:
-            return ("json", json.dumps(self.json, sort_keys=True), self.disable_any_whitespace)
+            return ("json", json.dumps(self.json, sort_keys=True), self.disable_any_whitespace, self.max_whitespace)
         if self.choice is not None:
             return ("choice", tuple(self.choice))
         if self.json_object:
-            return ("json_object", self.disable_any_whitespace)
+            return ("json_object", self.disable_any_whitespace, self.max_whitespace)
         return (self.kind, getattr(self, self.kind))
