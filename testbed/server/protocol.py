@@ -333,17 +333,23 @@ class ChatCompletionRequest(_SamplingFields):
     def _chat(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
-        if self.functions is not None or self.function_call is not None:
-            raise ValueError("functions and function_call (deprecated) are not supported: use tools and tool_choice")
+        return self
+
+    def _check_tools(self) -> None:
+        """Refusals naming their field (SamplingParamError carries it to the error body)."""
+        for old in ("functions", "function_call"):
+            if getattr(self, old) is not None:
+                raise SamplingParamError(old, f"{old} (deprecated) is not supported: use tools and tool_choice")
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
-            raise ValueError(f"tools has two functions of one name: {names}")
+            raise SamplingParamError("tools", f"tools has two functions of one name: {names}")
         choice = self.tool_choice
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise ValueError(f"tool_choice names function {choice.function.name!r}, which is not in tools {names}")
         if choice is not None and choice != "none" and not names:
-            raise ValueError(f"tool_choice {_choice_name(choice)} needs tools")
-        return self
+            raise SamplingParamError("tool_choice", f"tool_choice {_choice_name(choice)} needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise SamplingParamError(
+                "tool_choice", f"tool_choice names function {choice.function.name!r}, which is not in tools {names}"
+            )
 
     @property
     def effective_tool_choice(self):
@@ -353,6 +359,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     def structured(self) -> StructuredOutputsParams | None:
         """tool_choice required / named: the tools' schema; otherwise the request's own constraint."""
+        self._check_tools()
         own = super().structured()
         schema = tool_schema(self.tools, self.effective_tool_choice, self.parallel_tool_calls)
         if schema is None:
