@@ -10,6 +10,24 @@ from testbed.outputs import RequestOutput
 from testbed.sampling_params import SamplingParams
 
 
+def check_messages(conversation, index: int = 0) -> None:
+    """Each message a dict with a string role and content (the template would fail deep inside jinja2)."""
+    if not isinstance(conversation, (list, tuple)) or not conversation:
+        raise ValueError(
+            f"conversation {index}: a non-empty list of {{'role', 'content'}} messages, got {conversation!r}"
+        )
+    for i, m in enumerate(conversation):
+        if not isinstance(m, dict):
+            raise ValueError(f"conversation {index}, message {i}: a dict with role and content, got {m!r}")
+        if not isinstance(m.get("role"), str):
+            raise ValueError(f"conversation {index}, message {i}: role must be a string, got {m.get('role')!r}")
+        if not isinstance(m.get("content"), (str, list)):
+            raise ValueError(
+                f"conversation {index}, message {i}: content must be a string or a list of parts, "
+                f"got {m.get('content')!r}"
+            )
+
+
 class LLM:
     def __init__(
         self,
@@ -106,6 +124,8 @@ class LLM:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"model {self.engine.model_name!r} has no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        for c, conversation in enumerate(conversations):
+            check_messages(conversation, c)
         prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
         token_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(token_ids, sampling_params, use_tqdm)

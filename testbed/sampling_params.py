@@ -67,6 +67,7 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._check_types()
+        self._check_constraint_type()
         if self.top_k == -1:
             self.top_k = 0
         checks = [
@@ -116,6 +117,23 @@ class SamplingParams:
             if not ok:
                 raise TypeError(f"{name} must be {kind}, got {getattr(self, name)!r}")
 
+    def _check_constraint_type(self) -> None:
+        """structured_outputs as a StructuredOutputsParams, or its fields as a dict (converted); bad_words
+        as strings (token ids go in bad_words_token_ids)."""
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**so)
+            except TypeError as e:  # a key that is not a field
+                raise SamplingParamError("structured_outputs", f"structured_outputs: {e}") from None
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise TypeError(f"structured_outputs must be a StructuredOutputsParams or a dict, got {so!r}")
+        words = self.bad_words
+        if not isinstance(words, (str, list, tuple)) or (
+            not isinstance(words, str) and not all(isinstance(w, str) for w in words)
+        ):
+            raise TypeError(f"bad_words must be a str or a list of str (ids: bad_words_token_ids), got {words!r}")
+
     def _check_processors(self) -> None:
         """Logprobs, penalties, biases, bans and structured output: vLLM's rules and messages
         (vllm/sampling_params.py SamplingParams._verify_args, v1 Processor._validate_logprobs)."""
@@ -130,9 +148,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not -PENALTY_RANGE <= value <= PENALTY_RANGE:
                 raise SamplingParamError(name, f"{name} must be in [-2, 2], got {value}")
-        if not self.repetition_penalty > 0:
+        if not 0 < self.repetition_penalty < math.inf:
             raise SamplingParamError(
-                "repetition_penalty", f"repetition_penalty must be greater than zero, got {self.repetition_penalty}"
+                "repetition_penalty",
+                f"repetition_penalty must be finite and greater than zero, got {self.repetition_penalty}",
             )
         if not (isinstance(self.min_tokens, int) and self.min_tokens >= 0):
             raise SamplingParamError("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
