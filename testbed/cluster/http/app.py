@@ -8,9 +8,13 @@ or any vLLM-compatible server) chosen by a router policy, relaying the answer as
 
 Failures: a backend that cannot be reached before it answers (connection refused or reset, no response)
 is counted against its health and the request is sent to another backend (each at most once), so
-requests keep flowing when a backend dies; a backend that fails after it started answering ends that
-response with a clear error (a stream gets an OpenAI-style `data: {"error": ...}` event, then
-`data: [DONE]`); with no healthy backend left the answer is 503. Every response names its backend in the
+requests keep flowing when a backend dies. Answers are checked before they are relayed
+(relay_checks.py): a whole answer that is not OpenAI-shaped JSON, or a stream whose first chunk is not
+server-sent events, is counted as a bad answer and the request is sent to another backend (nothing was
+relayed yet), or answered 502 naming the backend when none is left; a backend that fails or sends garbage
+after it started answering ends that response with a clear error (a stream gets an OpenAI-style
+`data: {"error": ...}` event, then `data: [DONE]`; a stream that ends without [DONE] gets one too); with
+no healthy backend left the answer is 503. Every response names its backend in the
 `x-testbed-backend` header.
 """
 
@@ -28,6 +32,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from testbed.cluster.http.backends import Backend, BackendPool
 from testbed.cluster.http.metrics import RouterMetrics
+from testbed.cluster.http.relay_checks import StreamCheck, answer_problem
 from testbed.cluster.prefix import leading_block_hashes, text_block_hashes
 from testbed.cluster.routers import NoHealthyReplica, ReplicaSnapshot, Router, RouteRequest
 
@@ -92,10 +97,13 @@ class Proxy:
         route = route_request(payload)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
         tried: set[int] = set()
+        last_bad: JSONResponse | None = None  # a malformed answer's 502, if no other backend is left
         while True:
             try:
                 backend = self.choose(route, tried)
             except NoHealthyReplica:
+                if last_bad is not None:
+                    return last_bad
                 self.metrics.no_backend.inc()
                 reasons = "; ".join(f"{b.url}: {b.last_error or 'unhealthy'}" for b in self.pool.backends)
                 return error_response(f"no healthy backend ({reasons})", 503)
@@ -109,6 +117,8 @@ class Proxy:
             except NOT_ANSWERED as e:
                 backend.outstanding -= 1
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):  # took it, then dropped it
+                    self.pool.bad_answer(backend, f"{type(e).__name__}: {e}")
                 self.metrics.retries.labels(backend.url).inc()
                 tried.add(backend.index)
                 continue
@@ -117,11 +127,17 @@ class Proxy:
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
                 self.metrics.requests.labels(backend.url, "error").inc()
                 return error_response(f"backend {backend.url} failed: {type(e).__name__}: {e}", 502)
-            self.pool.success(backend)
             relay_headers = {"x-testbed-backend": backend.url}
             if stream and upstream.status_code == 200:
+                opened = await self.open_stream(upstream, backend)
+                if isinstance(opened, str):  # nothing relayed yet: try another backend
+                    last_bad = self.bad(backend, opened, tried)
+                    continue
+                self.pool.success(backend)
                 return StreamingResponse(
-                    self.relay(upstream, backend, started), media_type="text/event-stream", headers=relay_headers
+                    self.relay(upstream, backend, started, *opened),
+                    media_type="text/event-stream",
+                    headers=relay_headers,
                 )
             try:
                 content = await upstream.aread()
@@ -132,16 +148,61 @@ class Proxy:
             finally:
                 await upstream.aclose()
                 backend.outstanding -= 1
+            problem = answer_problem(upstream.status_code, content)
+            if problem is not None:
+                backend.outstanding += 1  # bad() settles it
+                last_bad = self.bad(backend, problem, tried)
+                continue
+            self.pool.success(backend)
             self.metrics.requests.labels(backend.url, str(upstream.status_code)).inc()
             self.metrics.duration.labels(backend.url).observe(time.monotonic() - started)
             media = upstream.headers.get("content-type", "application/json")
             return Response(content, status_code=upstream.status_code, media_type=media, headers=relay_headers)
 
-    async def relay(self, upstream: httpx.Response, backend: Backend, started: float):
+    def bad(self, backend: Backend, problem: str, tried: set[int]) -> JSONResponse:
+        """Count a malformed answer against the backend; the 502 the client gets if no other is left."""
+        backend.outstanding -= 1
+        self.pool.bad_answer(backend, problem)
+        self.metrics.requests.labels(backend.url, "bad_answer").inc()
+        self.metrics.retries.labels(backend.url).inc()
+        tried.add(backend.index)
+        return error_response(f"backend {backend.url} sent a malformed answer: {problem}", 502, "backend_error")
+
+    async def open_stream(self, upstream: httpx.Response, backend: Backend):
+        """The stream's iterator, first chunk and check; or why it is unusable (closed then)."""
+        chunks = upstream.aiter_raw()
+        check = StreamCheck()
+        first, problem = b"", None
+        try:
+            while not first and problem is None:  # up to the first whole event
+                chunk = await anext(chunks, None)
+                if chunk is None:
+                    problem = check.end_problem()
+                    break
+                first = check.feed(chunk)
+                problem = check.problem
+        except httpx.HTTPError as e:
+            problem = f"failed before its first event: {type(e).__name__}: {e}"
+        if problem is not None:
+            await upstream.aclose()
+            return problem
+        return chunks, first, check
+
+    async def relay(self, upstream: httpx.Response, backend: Backend, started: float, chunks, first, check):
         outcome = "200"
         try:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
+            yield first
+            async for chunk in chunks:
+                events = check.feed(chunk)
+                if events:
+                    yield events
+                if check.problem is not None:
+                    break
+            problem = check.end_problem()
+            if problem is not None:
+                outcome = "bad_stream"
+                self.pool.bad_answer(backend, problem)
+                yield stream_error(f"backend {backend.url} sent a malformed stream: {problem}")
         except httpx.HTTPError as e:
             outcome = "stream_error"
             self.pool.failure(backend, f"{type(e).__name__}: {e}")

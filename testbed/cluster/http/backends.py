@@ -2,7 +2,10 @@
 
 A backend is marked unhealthy after `unhealthy_after` consecutive failures (a /health probe that fails or
 times out, or a request that cannot connect), and gets no requests while unhealthy; one successful probe
-brings it back. After each good probe its load (running and waiting requests, KV usage) is read from its
+brings it back. A backend that answers badly (garbage, an HTML error page, a truncated stream: see
+relay_checks.py) while its /health is fine is marked unhealthy after `unhealthy_after` such answers within
+`failure_window_s`, and stays so until that window has passed since the last one (its probes alone would
+bring it straight back). After each good probe its load (running and waiting requests, KV usage) is read from its
 /metrics (vLLM's series names), so load-aware routers work over HTTP; its prefix cache cannot be read, so
 `is_cached` answers from the prompts routed there (testbed.cluster.prefix.RoutedPrefixes).
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import httpx
@@ -36,13 +41,22 @@ class Backend:
     total_blocks: int = LOAD_SCALE
     prefixes: RoutedPrefixes = field(default_factory=lambda: RoutedPrefixes(1 << 16))
     last_error: str = ""
+    bad_answers: deque = field(default_factory=deque)  # monotonic times of bad answers in the window
+    held_until: float = 0.0  # bad answers: no probe brings it back before this (monotonic)
 
     def is_cached(self, block_hash: int) -> bool:
         return block_hash in self.prefixes
 
 
 class BackendPool:
-    def __init__(self, urls: list[str], unhealthy_after: int, probe_timeout_s: float, metrics=None):
+    def __init__(
+        self,
+        urls: list[str],
+        unhealthy_after: int,
+        probe_timeout_s: float,
+        metrics=None,
+        failure_window_s: float = 30.0,
+    ):
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"cluster.backends: {url!r} is not an http(s) URL")
@@ -52,6 +66,7 @@ class BackendPool:
         self.unhealthy_after = unhealthy_after
         self.probe_timeout_s = probe_timeout_s
         self.metrics = metrics
+        self.failure_window_s = failure_window_s
 
     def failure(self, backend: Backend, reason: str) -> None:
         backend.failures += 1
@@ -60,9 +75,27 @@ class BackendPool:
             backend.healthy = False
             logger.warning("backend %s marked unhealthy after %d failures: %s", backend.url, backend.failures, reason)
 
+    def bad_answer(self, backend: Backend, reason: str) -> None:
+        """An answer that was not OpenAI's shape: `unhealthy_after` of them within the window mark it."""
+        now = time.monotonic()
+        backend.last_error = reason
+        backend.bad_answers.append(now)
+        while backend.bad_answers and backend.bad_answers[0] < now - self.failure_window_s:
+            backend.bad_answers.popleft()
+        if len(backend.bad_answers) >= self.unhealthy_after:
+            backend.held_until = now + self.failure_window_s
+            if backend.healthy:
+                backend.healthy = False
+                logger.warning(
+                    "backend %s marked unhealthy after %d bad answers: %s",
+                    backend.url,
+                    len(backend.bad_answers),
+                    reason,
+                )
+
     def success(self, backend: Backend) -> None:
         backend.failures = 0
-        if not backend.healthy:
+        if not backend.healthy and time.monotonic() >= backend.held_until:
             backend.healthy = True
             logger.warning("backend %s healthy again", backend.url)
 

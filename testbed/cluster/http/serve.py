@@ -25,7 +25,9 @@ def make_router_server(cluster_cfg, server_cfg=None, **server_overrides) -> uvic
         raise ValueError("mode=route needs backends: cluster.backends=[http://host1:8000,http://host2:8000]")
     settings = ServerSettings.from_cfg(server_cfg, **server_overrides)
     metrics = RouterMetrics()
-    pool = BackendPool(list(cluster.backends), cluster.unhealthy_after, cluster.probe_timeout_s, metrics)
+    pool = BackendPool(
+        list(cluster.backends), cluster.unhealthy_after, cluster.probe_timeout_s, metrics, cluster.failure_window_s
+    )
     router = get_router(cluster.router, **cluster.router_options)
     app = build_router_app(pool, router, metrics, cluster.probe_interval_s, cluster.request_timeout_s)
     config = uvicorn.Config(
