@@ -2,6 +2,7 @@
 Hydra's config groups and what the library reads for a bare name; a non-editable install has them."""
 
 import fnmatch
+import json
 import os
 import shutil
 import subprocess
@@ -80,9 +81,12 @@ def test_a_non_editable_install_runs_builtin_names_outside_the_checkout(tmp_path
         "assert 'site' in testbed.__file__, testbed.__file__;"
         "llm = LLM(model='llama-3.2-1b', executor='sim', sim_config={'device': 'h100-sxm'}, num_blocks=64);"
         "out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True));"
-        "print(len(out[0].outputs[0].token_ids))"
+        "print(len(out[0].outputs[0].token_ids));"
+        "real = LLM(model='smollm2-135m', num_blocks=32);"
+        "print(real.generate(['Hi'], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids)"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("3")
+    sim_tokens, real_tokens = proc.stdout.strip().splitlines()[-2:]
+    assert sim_tokens == "3" and len(json.loads(real_tokens)) == 2
