@@ -108,6 +108,8 @@ ALTERNATIVES = {
     "server.api_key": ["secret"],
     "server.served_model_name": ["served"],
     "server.log_level": ["debug"],
+    "server.tool_parser": ["llama3_json", None],
+    "server.json_max_whitespace": [None],
 }
 IDENTITY = ("name", "method")  # a group option's identity: live when its options build distinct settings
 # Each option is tried in these contexts until its leaves are shown live (a device's sheet is read only
