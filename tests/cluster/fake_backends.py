@@ -22,6 +22,7 @@ MODES = ("good", "garbage", "html500", "truncate", "reset", "hang", "not_openai"
 
 class _Handler(BaseHTTPRequestHandler):
     mode = "good"
+    seen: list
     protocol_version = "HTTP/1.0"
 
     def log_message(self, *args):  # quiet
@@ -35,6 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
+        if self.path.startswith("/v1/"):
+            self.seen.append(("GET", self.path, self.headers.get("authorization")))
         if self.path == "/health":
             self._send(200, b"{}", "application/json")
         elif self.path == "/v1/models":
@@ -43,6 +46,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"", "text/plain")
 
     def do_POST(self):
+        self.seen.append(("POST", self.path, self.headers.get("authorization")))
         length = int(self.headers.get("content-length", 0))
         stream = bool(json.loads(self.rfile.read(length) or b"{}").get("stream"))
         mode = self.mode
@@ -85,7 +89,8 @@ class FakeBackend:
 
     def __init__(self, mode: str = "good"):
         assert mode in MODES
-        handler = type("Handler", (_Handler,), {"mode": mode})
+        self.seen: list[tuple] = []  # (method, path, Authorization header) of each request but /health
+        handler = type("Handler", (_Handler,), {"mode": mode, "seen": self.seen})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

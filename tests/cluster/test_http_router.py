@@ -139,7 +139,7 @@ def test_router_health_and_metrics_with_every_backend_down():
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
     cluster = {"backends": dead, "probe_interval_s": 0.1, "unhealthy_after": 1, "probe_timeout_s": 0.5}
     with RouterThread(cluster) as router, httpx.Client(timeout=30) as client:
-        health = client.get(router.url + "/health")
+        health = client.get(router.url + "/health?detail=true")
         assert health.status_code == 503 and not any(b["healthy"] for b in health.json()["backends"])
         r = client.post(router.url + "/v1/completions", json=body(0, 4, False))
         assert r.status_code == 503 and "no healthy backend" in r.json()["error"]["message"]

@@ -2,9 +2,16 @@
 or any vLLM-compatible server) chosen by a router policy, relaying the answer as it comes (streams too).
 
     POST /v1/completions, /v1/chat/completions   proxied (body and Authorization header as sent)
-    GET  /v1/models                              from a healthy backend
-    GET  /health                                 200 while some backend is healthy, else 503
+    GET  /v1/models                              from a healthy backend (Authorization header as sent)
+    GET  /health                                 200 while some backend is healthy, else 503; counts only
+                                                 (?detail=true: each backend's URL and last error, behind
+                                                 the api key when there is one)
     GET  /metrics                                the router's own series (testbed.cluster.http.metrics)
+
+The router enforces server.api_key as the server does (testbed.server.auth: constant-time, the same 401
+body), refuses bodies over server.max_body_bytes with 413 once, before any backend sees them, and slow
+heads and bodies as the server does (server.header_timeout_s, server.body_timeout_s); a malformed or
+too deeply nested JSON body is an OpenAI-style 400 (testbed.server.json_body).
 
 Failures: a backend that cannot be reached before it answers (connection refused or reset, no response)
 is counted against its health and the request is sent to another backend (each at most once), so
@@ -27,7 +34,7 @@ import time
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from testbed.cluster.http.backends import Backend, BackendPool
@@ -35,6 +42,11 @@ from testbed.cluster.http.metrics import RouterMetrics
 from testbed.cluster.http.relay_checks import StreamCheck, answer_problem
 from testbed.cluster.prefix import leading_block_hashes, text_block_hashes
 from testbed.cluster.routers import NoHealthyReplica, ReplicaSnapshot, Router, RouteRequest
+from testbed.server.auth import api_key_check
+from testbed.server.body_limits import BodyLimits
+from testbed.server.error_handlers import add_error_handlers
+from testbed.server.json_body import parse_json_object
+from testbed.server.settings import ServerSettings
 
 ROUTE_BLOCK_TOKENS = 16  # token-id prompts are hashed in blocks of this many tokens (the engine's default)
 # an answer that fails before its first byte can be re-sent elsewhere; nothing was relayed yet
@@ -86,13 +98,8 @@ class Proxy:
 
     async def forward(self, request: Request, path: str):
         started = time.monotonic()
-        body = await request.body()
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return error_response("the request body is not JSON", 400, "invalid_request_error")
-        if not isinstance(payload, dict):
-            return error_response("the request body must be a JSON object", 400, "invalid_request_error")
+        body = await request.body()  # within server.max_body_bytes (BodyLimits), read once for every backend
+        payload = parse_json_object(body)  # APIError (an OpenAI-style 400) when malformed or nested too deeply
         stream = bool(payload.get("stream"))
         route = route_request(payload)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
@@ -105,8 +112,8 @@ class Proxy:
                 if last_bad is not None:
                     return last_bad
                 self.metrics.no_backend.inc()
-                reasons = "; ".join(f"{b.url}: {b.last_error or 'unhealthy'}" for b in self.pool.backends)
-                return error_response(f"no healthy backend ({reasons})", 503)
+                n = len(self.pool.backends)
+                return error_response(f"no healthy backend (of {n}; GET /health?detail=true says why)", 503)
             backend.outstanding += 1
             backend.prefixes.add(route.block_hashes)
             url = f"{backend.url}{path}"
@@ -213,11 +220,14 @@ class Proxy:
             self.metrics.requests.labels(backend.url, outcome).inc()
             self.metrics.duration.labels(backend.url).observe(time.monotonic() - started)
 
-    async def models(self):
+    async def models(self, request: Request):
+        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
         for backend in self.pool.backends:
             if backend.healthy:
                 try:
-                    upstream = await self.client.get(f"{backend.url}/v1/models", timeout=self.pool.probe_timeout_s)
+                    upstream = await self.client.get(
+                        f"{backend.url}/v1/models", headers=headers, timeout=self.pool.probe_timeout_s
+                    )
                 except httpx.HTTPError as e:
                     self.pool.failure(backend, f"{type(e).__name__}: {e}")
                     continue
@@ -226,8 +236,11 @@ class Proxy:
 
 
 def build_router_app(pool: BackendPool, router: Router, metrics: RouterMetrics, probe_interval_s: float,
-                     request_timeout_s: float) -> FastAPI:  # fmt: skip
+                     request_timeout_s: float, settings: ServerSettings | None = None) -> FastAPI:  # fmt: skip
     proxy = Proxy(pool, router, metrics, request_timeout_s)
+    settings = settings or ServerSettings()
+    check_key = api_key_check(settings.api_key)
+    auth = [Depends(check_key)]
 
     @asynccontextmanager
     async def lifespan(app):
@@ -245,28 +258,36 @@ def build_router_app(pool: BackendPool, router: Router, metrics: RouterMetrics, 
 
     app = FastAPI(title="testbed router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pool = pool
+    add_error_handlers(app)
+    app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
         return await proxy.forward(request, "/v1/completions")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(request: Request):
         return await proxy.forward(request, "/v1/chat/completions")
 
-    @app.get("/v1/models")
-    async def models():
-        return await proxy.models()
+    @app.get("/v1/models", dependencies=auth)
+    async def models(request: Request):
+        return await proxy.models(request)
 
     @app.get("/health")
-    async def health():
-        backends = [
-            {"url": b.url, "healthy": b.healthy, "outstanding": b.outstanding, "last_error": b.last_error}
-            for b in pool.backends
-        ]
+    async def health(request: Request, detail: bool = False):
         healthy = sum(b.healthy for b in pool.backends)
-        return JSONResponse({"status": "ok" if healthy else "no healthy backend", "backends": backends},
-                            status_code=200 if healthy else 503)  # fmt: skip
+        answer: dict = {
+            "status": "ok" if healthy else "no healthy backend",
+            "healthy_backends": healthy,
+            "num_backends": len(pool.backends),
+        }
+        if detail:  # backend URLs and their errors: only for whoever holds the key
+            await check_key(request)
+            answer["backends"] = [
+                {"url": b.url, "healthy": b.healthy, "outstanding": b.outstanding, "last_error": b.last_error}
+                for b in pool.backends
+            ]
+        return JSONResponse(answer, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
     async def metrics_page():

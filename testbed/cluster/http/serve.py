@@ -14,6 +14,7 @@ from testbed.cluster.http.app import build_router_app
 from testbed.cluster.http.backends import BackendPool
 from testbed.cluster.http.metrics import RouterMetrics
 from testbed.cluster.routers import get_router
+from testbed.server.http_protocol import with_header_timeout
 from testbed.server.settings import ServerSettings
 
 logger = logging.getLogger("testbed.router")
@@ -29,9 +30,14 @@ def make_router_server(cluster_cfg, server_cfg=None, **server_overrides) -> uvic
         list(cluster.backends), cluster.unhealthy_after, cluster.probe_timeout_s, metrics, cluster.failure_window_s
     )
     router = get_router(cluster.router, **cluster.router_options)
-    app = build_router_app(pool, router, metrics, cluster.probe_interval_s, cluster.request_timeout_s)
+    app = build_router_app(pool, router, metrics, cluster.probe_interval_s, cluster.request_timeout_s, settings)
     config = uvicorn.Config(
-        app, host=settings.host, port=int(settings.port), log_level=settings.log_level, access_log=settings.access_log
+        app,
+        host=settings.host,
+        port=int(settings.port),
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        http=with_header_timeout(settings.header_timeout_s),  # h11, plus a timeout on reading request heads
     )
     return uvicorn.Server(config)
 
