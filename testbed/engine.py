@@ -1,7 +1,6 @@
 """The engine: add requests, step (schedule -> execute -> update -> outputs -> drafts), abort.
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
-import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -155,11 +154,6 @@ class Engine:
         self.decode_runs = None  # a simulation's step skipping (step(horizon=...))
         if sim is not None and sim.config.skip_steps and self.spec is None:
             self.decode_runs = DecodeRuns(self.scheduler, self.kv, self.executor, self._emit_step)
-        # what start-up built lives as long as the engine (the block pool's blocks, the model's modules):
-        # out of the cyclic collector's generations, so that its collections during steps do not walk it
-        # (vLLM and SGLang freeze after start-up the same way)
-        gc.collect()
-        gc.freeze()
 
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:

@@ -4,6 +4,7 @@ finish (up to server.graceful_timeout_s), then abort what is left, stop the step
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import signal
@@ -83,6 +84,12 @@ def serve(engine, server_cfg: Any = None, **overrides) -> dict:
     """Serve `engine` until SIGTERM/SIGINT; returns a small summary. Used by `run.py mode=serve`."""
     settings = ServerSettings.from_cfg(server_cfg, **overrides)
     server, async_engine = make_server(engine, settings)
+    # the process serves this one engine until it exits: what start-up built (the model, the block pool)
+    # leaves the cyclic collector's generations, so its collections while serving do not walk it (vLLM
+    # and SGLang freeze after start-up the same way; not in Engine itself, since a process that builds
+    # engine after engine would never collect the frozen ones)
+    gc.collect()
+    gc.freeze()
     logger.info(
         "serving %s on http://%s:%s (api key %s)",
         settings.served_model_name or engine.model_name,
