@@ -1,7 +1,7 @@
 // A decode step's decoder layers in one call: the same kernels, in the same order, as the Python layers of
 // testbed/models/llama.py run with kernel=cpu, chained in C++ so that a step with a handful of tokens does
-// not pay ~15 Python-to-dispatcher round trips per layer (measured ~0.2 ms per layer on the 2-core EPYC,
-// as much as the weights of a small model take to stream). Results equal the Python path's bit for bit.
+// not pay ~15 Python-to-dispatcher round trips per layer (about as long as a small model's weights take to
+// stream; measured: results/kernels/README.md). Results equal the Python path's bit for bit.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -29,8 +29,8 @@
 namespace testbed_cpu {
 namespace {
 
-// vec_t: registers (naturally aligned: with an under-aligned accumulator array the 12-row tile ran ~1.3x
-// slower); loads and stores of rows go through unaligned_t.
+// vec_t: registers (naturally aligned: an under-aligned accumulator array slowed the 12-row tile, see
+// results/kernels/README.md); loads and stores of rows go through unaligned_t.
 #if defined(__AVX512F__)
 typedef float vec_t __attribute__((vector_size(64)));
 typedef float unaligned_t __attribute__((vector_size(64), aligned(4)));

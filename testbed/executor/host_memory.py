@@ -5,19 +5,16 @@ A CPU step allocates and frees activations of a few MB each (a 512-token chunk's
 serves blocks above its mmap threshold (128 KiB at first, rising as frees are seen) with fresh mappings and
 unmaps them on free, and trims the heap's free top back to the system, so each step faults its activations
 in again. Fixing the threshold at glibc's maximum (32 MiB) and trimming only above 1 GiB lets freed blocks be
-reused, as tcmalloc and jemalloc (which CPU inference stacks preload) do by default: on the cpu-shape
-workload at 32 sequences (benchmarks/page_faults.py, results/host_overhead/page_faults.md, 2-core Xeon VM)
-148k-233k minor faults per run fall to 7.8k-9.0k; the run's time did not change beyond that machine's noise
-(16.4-22.4 s kept vs 17.8-20.1 s, 4 runs each). The cost: a CPU engine process keeps up to ~1 GiB it no
-longer uses.
+reused, as tcmalloc and jemalloc (which CPU inference stacks preload) do by default; the minor faults
+this saves and the (unchanged) run time: benchmarks/page_faults.py, results/host_overhead/README.md. The
+cost: a CPU engine process keeps up to TRIM_THRESHOLD (1 GiB) it no longer uses.
 
 The KV cache (GBs, read a few KB per block from all over it at every decode step) on 4 KiB pages costs a
 TLB miss, and a page walk, per page a step touches; Linux's transparent huge pages are commonly in
-`madvise` mode, so a region must ask for them. On 2 MiB pages, paged decode over 30 layers of an engine-sized
-cache is up to ~1.2x faster where block tables are scattered over the pool (as they become in a long-running
-server) and no faster where they are contiguous (a fresh engine): `python -m benchmarks.kv_pages`,
-results/kernels/kv_pages.md, whose per-round ratios on the 2-core Xeon VM spread 0.92-1.15x and 0.85-1.19x,
-so the gain is small against that machine's noise. The packed weights, read front to back, showed none.
+`madvise` mode, so a region must ask for them. The gain is for block tables scattered over the pool (as
+they become in a long-running server), none for contiguous ones, and small against a shared machine's
+noise: `python -m benchmarks.kv_pages`, results/kernels/README.md. The packed weights, read front to
+back, showed none.
 """
 
 import ctypes
