@@ -29,8 +29,7 @@ inline const float* as_float(const T* row, float* buf, int64_t d) {
 
 // Prefetches for the next KV block, spread over the current block's inner steps: asked for all at once (one
 // instruction per line at the block's start), they queued on the core's few line-fill buffers and stalled the
-// arithmetic they were meant to overlap (perf: ~27% of the kernel's samples on those instructions with the
-// cache already in L2).
+// arithmetic they were meant to overlap (the perf profile: results/kernels/README.md).
 struct Prefetch {
     const char* next;
     int64_t lines, per_step, done = 0;
