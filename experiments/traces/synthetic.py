@@ -105,6 +105,8 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
         raise _bad("prefix_groups", "prefix_groups and prefix_len must both be > 0 or both 0")
     # Independent streams so changing e.g. the output spec does not move the arrivals.
     r_arr, r_in, r_out, r_grp = (np.random.default_rng([opts["seed"], k]) for k in range(4))
+    if opts["rate"] is not None and not isinstance(opts["rate"], bool) and opts["rate"] == 0:
+        raise _bad("rate", "must be > 0 requests/s (null: every request at t=0), got 0")
     try:
         arrivals = arrival_times(r_arr, n, opts["rate"], float(opts["burstiness"]))
     except (ValueError, TypeError) as e:

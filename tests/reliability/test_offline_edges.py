@@ -73,3 +73,10 @@ def test_bad_constraints_raise_before_anything_runs(llm, constraint, match):
 def test_chat_messages_are_checked(llm, messages, match):
     with pytest.raises(ValueError, match=match):
         llm.chat([messages] if messages else [[]])
+
+
+def test_trace_rate_zero_is_refused_naming_it():
+    from experiments.traces import TraceError, synthetic
+
+    with pytest.raises(TraceError, match="rate"):
+        synthetic.load({"name": "synthetic", "rate": 0, "num_requests": 3}, 1000, 512)
