@@ -129,6 +129,8 @@ def test_memory_stays_bounded_across_many_distinct_grammars(tokenizer):
         # xgrammar evicts down to the limit before inserting, so it may pass it by about one grammar
         assert grammars.cache_size_bytes() <= limit + 2 * largest
     grown = process.memory_info().rss - before
+    cached = grammars.cache_size_bytes() / 2**20
+    print(f"\n40 distinct grammars, {total / 2**20:.1f} MB compiled: cache {cached:.2f} MB, +{grown / 2**20:.1f} MB")
     assert total > 10 * limit  # without the bound the cache would hold all of them
     assert grown < total / 2, f"resident memory grew {grown / 2**20:.0f} MB"
 

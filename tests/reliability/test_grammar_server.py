@@ -101,6 +101,11 @@ def test_stalling_constraints_refused_while_healthy_streams_keep_going(server):
         assert r.status_code == 400, (name, r.status_code, r.text[:300])
         assert match in r.json()["error"]["message"], (name, r.json())
     assert slow.status_code == 200, slow.text[:300]
+    print(  # the figures results/reliability/README.md cites (pytest -s)
+        f"\n{len(BAD)} bad constraints -> {sorted({r.status_code for r in results.values()})}; "
+        f"/health max {max(health):.3f} s over {len(health)} probes; "
+        f"stream gaps max {max(gaps):.3f} s, median {sorted(gaps)[len(gaps) // 2]:.4f} s over {len(gaps)}"
+    )
     assert len(gaps) > 20 and len(health) > 5
     assert max(health) < 1.0, f"/health took {max(health):.2f} s"
     assert max(gaps) < 1.0, f"a healthy stream stalled {max(gaps):.2f} s between chunks"
