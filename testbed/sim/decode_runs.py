@@ -109,15 +109,18 @@ class DecodeRuns:
                 for i in due:
                     heapq.heappush(events, (j, i))
                 break
-            if due:  # the step's block-table changes, taken as schedule() takes them (nothing reads them)
-                kv.take_block_updates()
-                kv.take_copies()
+            # what schedule() takes each step: block-table changes (nothing reads them in a simulation)
+            # and block copies (the host KV tier's, priced as the executor prices them)
+            kv.take_block_updates()
+            copies = kv.take_copies()
             for i in due:
                 limit = limits.get(running[i].request_id, -1)
                 heapq.heappush(events, (max(limit - base[i] + 1, j + 1), i))
             sched.running_computed_tokens += n
             ex.num_steps += 1
             dt = cost_model.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, context + j * n))
+            if copies and ex.copy_cost is not None:
+                dt += ex.copy_cost.extra_time(copies, dt)
             clock.advance(dt)
             ex.simulated_seconds += dt
             times.append(clock())

@@ -32,6 +32,14 @@ CASES = {
     + ["replay=open_loop", "trace.time_scale=8", "cache.num_blocks=400", "scheduler.max_num_seqs=64"],
     # shared prefixes: blocks filled during a run are registered in the prefix cache, evicted and hit later
     "synthetic-prefix": PREFIX + ["replay=open_loop", "cache.num_blocks=600"],
+    # the host KV tier: device evictions copied to host memory, priced in the step that makes them
+    "host-tier": AZURE
+    + [
+        "replay=open_loop",
+        "cache.num_blocks=1500",
+        "cache.host_tier_blocks=4000",
+        "cache.host_tier_link={name:slow,bandwidth_gbs:0.1,latency_us:100}",
+    ],
     # multi-turn sessions: later turns are sent at times the driver knows (its horizon) and hit the cache
     "sessions": ["trace=sessions", "replay=sessions", "trace.num_sessions=12", "trace.session_rate=2"],
 }
