@@ -22,6 +22,7 @@ class ClusterConfig:
     probe_timeout_s: float = 2.0
     unhealthy_after: int = 2  # consecutive failed probes (or connection failures) before a backend is skipped
     request_timeout_s: float = 600.0  # mode=route: a backend reply (or stream chunk) slower than this fails
+    stall_timeout_s: float = 60.0  # mode=route: a stream silent this long fails (request_timeout_s: the whole)
     failure_window_s: float = 30.0  # mode=route: unhealthy_after bad answers within this mark a backend unhealthy
     threads_per_replica: int | None = None  # real replicas (processes): torch threads each; None: cores / N
 
@@ -49,7 +50,7 @@ class ClusterConfig:
         self.link = load_link(self.link)
         if not isinstance(self.router_options, dict):
             raise ValueError(f"cluster.router_options must be a mapping, got {self.router_options!r}")
-        for name in ("probe_interval_s", "probe_timeout_s", "request_timeout_s", "failure_window_s"):
+        for name in ("probe_interval_s", "probe_timeout_s", "request_timeout_s", "failure_window_s", "stall_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"cluster.{name} must be a positive number of seconds, got {value!r}")

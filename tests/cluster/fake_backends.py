@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +19,7 @@ GOOD_EVENTS = [
     {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "o", "finish_reason": None}]},
     {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "k", "finish_reason": "stop"}]},
 ]
-MODES = ("good", "garbage", "html500", "truncate", "reset", "hang", "not_openai")
+MODES = ("good", "garbage", "html500", "truncate", "reset", "hang", "not_openai", "dribble", "slow")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -34,6 +36,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(body) if length is None else length))
         self.end_headers()
         self.wfile.write(body)
+
+    def _client_left_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([self.connection], [], [], 0.05)
+            if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                return True
+        return False
 
     def do_GET(self):
         if self.path.startswith("/v1/"):
@@ -53,8 +63,11 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "reset":
             self.connection.close()
             return
-        if mode == "hang":
+        if mode == "hang":  # /health answers, completions never do
             time.sleep(30)
+            return
+        if mode == "slow" and not stream:  # a long generation: note whether the caller hangs up meanwhile
+            self.seen.append(("GONE", self.path, self._client_left_within(5.0)))
             return
         if mode == "html500":
             self._send(500, b"<html><body><h1>500 Internal Server Error</h1></body></html>", "text/html")
@@ -76,6 +89,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if mode == "garbage":
             self.wfile.write(b"hello, this is not a stream\n\n")
+        elif mode == "dribble":  # one event, then silence
+            self.wfile.write(b"data: " + json.dumps(GOOD_EVENTS[0]).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(10)
         elif mode == "truncate":  # one good event, then the connection ends: no finish, no [DONE]
             self.wfile.write(b"data: " + json.dumps(GOOD_EVENTS[0]).encode() + b"\n\n")
         else:

@@ -93,3 +93,41 @@ def test_bad_answers_mark_a_backend_within_the_window_and_hold_it():
         assert not backend.healthy
         time.sleep(0.6)  # several good /health probes: it stays out until the window passes
         assert not backend.healthy
+
+
+def test_a_hanging_backend_is_timed_out_and_retried_elsewhere():
+    with FakeBackend("hang") as hang, FakeBackend("good") as good:
+        cluster = CLUSTER | {"backends": [hang.url, good.url], "request_timeout_s": 1.0, "stall_timeout_s": 1.0}
+        with RouterThread(cluster) as router, httpx.Client(base_url=router.url, timeout=20) as client:
+            for stream in (False, True, False):
+                start = time.monotonic()
+                status, answer = exchange(client, stream)
+                assert status == 200, answer
+                assert time.monotonic() - start < 5.0
+            assert not router.pool.backends[0].healthy
+    with FakeBackend("hang") as hang:
+        cluster = CLUSTER | {"backends": [hang.url], "request_timeout_s": 1.0}
+        with RouterThread(cluster) as router, httpx.Client(base_url=router.url, timeout=20) as client:
+            status, answer = exchange(client, stream=False)
+            assert status == 504 and hang.url in answer["error"]["message"]
+
+
+def test_a_stalled_stream_ends_with_an_error_event():
+    with FakeBackend("dribble") as slow:
+        cluster = CLUSTER | {"backends": [slow.url], "stall_timeout_s": 0.5}
+        with RouterThread(cluster) as router, httpx.Client(base_url=router.url, timeout=20) as client:
+            start = time.monotonic()
+            status, events = exchange(client, stream=True)
+            assert status == 200 and time.monotonic() - start < 5.0
+            assert events[0]["choices"][0]["text"] == "o"
+            assert "error" in events[-2] and slow.url in events[-2]["error"]["message"] and events[-1] == "[DONE]"
+
+
+def test_a_client_that_leaves_a_whole_answer_cancels_the_backend_request():
+    with FakeBackend("slow") as slow, RouterThread(CLUSTER | {"backends": [slow.url]}) as router:
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=router.url, timeout=0.5) as client:
+            client.post("/v1/completions", json=body(False))
+        deadline = time.monotonic() + 8
+        while not any(s[0] == "GONE" for s in slow.seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ("GONE", "/v1/completions", True) in slow.seen  # the router hung up on the backend too

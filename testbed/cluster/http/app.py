@@ -75,9 +75,19 @@ def route_request(payload: dict) -> RouteRequest:
 
 
 class Proxy:
-    def __init__(self, pool: BackendPool, router: Router, metrics: RouterMetrics, request_timeout_s: float):
+    def __init__(
+        self,
+        pool: BackendPool,
+        router: Router,
+        metrics: RouterMetrics,
+        request_timeout_s: float,
+        stall_timeout_s: float | None = None,
+    ):
         self.pool, self.router, self.metrics = pool, router, metrics
+        self.request_timeout_s = request_timeout_s
+        # a whole answer may take request_timeout_s; a stream may pause at most stall_timeout_s between chunks
         self.timeout = httpx.Timeout(request_timeout_s, connect=pool.probe_timeout_s)
+        self.stream_timeout = httpx.Timeout(stall_timeout_s or request_timeout_s, connect=pool.probe_timeout_s)
         self.client: httpx.AsyncClient | None = None
 
     def choose(self, request: RouteRequest, tried: set[int]) -> Backend:
@@ -118,9 +128,22 @@ class Proxy:
             backend.prefixes.add(route.block_hashes)
             url = f"{backend.url}{path}"
             try:
-                upstream = await self.client.send(
-                    self.client.build_request("POST", url, content=body, headers=headers), stream=True
+                timeout = self.stream_timeout if stream else self.timeout
+                sent = self.client.send(
+                    self.client.build_request("POST", url, content=body, headers=headers, timeout=timeout),
+                    stream=True,
                 )
+                # a whole answer's head comes when it is done: stop waiting (and close the backend's
+                # connection, which aborts its work) if the client leaves first
+                upstream = await sent if stream else await until_client_leaves(request, sent)
+            except ClientGone:
+                backend.outstanding -= 1
+                self.metrics.requests.labels(backend.url, "client_gone").inc()
+                return Response(status_code=499)
+            except httpx.TimeoutException as e:  # nothing relayed yet: another backend may answer
+                last_bad = self.bad(backend, f"no answer within {timeout.read:g} s ({type(e).__name__})", tried)
+                last_bad.status_code = 504
+                continue
             except NOT_ANSWERED as e:
                 backend.outstanding -= 1
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
@@ -205,6 +228,9 @@ class Proxy:
                     yield events
                 if check.problem is not None:
                     break
+                if time.monotonic() - started > self.request_timeout_s:
+                    check.problem = f"the stream ran past the router's deadline of {self.request_timeout_s:g} s"
+                    break
             problem = check.end_problem()
             if problem is not None:
                 outcome = "bad_stream"
@@ -235,9 +261,28 @@ class Proxy:
         return error_response("no healthy backend", 503)
 
 
+class ClientGone(Exception):
+    """The client disconnected before its answer came."""
+
+
+async def until_client_leaves(request: Request, awaitable, poll_s: float = 0.25):
+    """The awaitable's result; ClientGone (the awaitable cancelled) once the client has disconnected."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await task
+            raise ClientGone
+
+
 def build_router_app(pool: BackendPool, router: Router, metrics: RouterMetrics, probe_interval_s: float,
-                     request_timeout_s: float, settings: ServerSettings | None = None) -> FastAPI:  # fmt: skip
-    proxy = Proxy(pool, router, metrics, request_timeout_s)
+                     request_timeout_s: float, settings: ServerSettings | None = None,
+                     stall_timeout_s: float | None = None) -> FastAPI:  # fmt: skip
+    proxy = Proxy(pool, router, metrics, request_timeout_s, stall_timeout_s)
     settings = settings or ServerSettings()
     check_key = api_key_check(settings.api_key)
     auth = [Depends(check_key)]

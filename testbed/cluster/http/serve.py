@@ -30,7 +30,9 @@ def make_router_server(cluster_cfg, server_cfg=None, **server_overrides) -> uvic
         list(cluster.backends), cluster.unhealthy_after, cluster.probe_timeout_s, metrics, cluster.failure_window_s
     )
     router = get_router(cluster.router, **cluster.router_options)
-    app = build_router_app(pool, router, metrics, cluster.probe_interval_s, cluster.request_timeout_s, settings)
+    app = build_router_app(
+        pool, router, metrics, cluster.probe_interval_s, cluster.request_timeout_s, settings, cluster.stall_timeout_s
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
