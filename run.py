@@ -1,6 +1,7 @@
 """Entry point: `python run.py [overrides]` (or `testbed-run [overrides]`, from any directory) assembles the
 engine from conf/ and runs the chosen mode."""
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -24,7 +25,10 @@ def main(cfg: DictConfig) -> dict | None:
     if serve_if_worker():  # torchrun / srun rank > 0: a tensor-parallel worker of rank 0's engine
         return None
 
-    run_settings(cfg)  # every group checked first: a bad key or value is refused, naming it, before the run
+    try:  # every group checked first: a bad key or value is refused, naming it, before the run
+        run_settings(cfg)
+    except (ValueError, TypeError, KeyError) as e:
+        _config_error(e)
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # mode=null: replay when a trace is given (trace=azure ...), else the built-in offline prompt set
     mode = cfg.mode or ("replay" if cfg.get("trace") else "offline")
@@ -53,6 +57,14 @@ def main(cfg: DictConfig) -> dict | None:
     from testbed.server import serve
 
     return serve(engine, cfg.server)
+
+
+def _config_error(error: Exception) -> None:
+    """A refused config as one line (exit 2); the traceback only with HYDRA_FULL_ERROR=1, as Hydra does."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise error
+    print(f"config error: {error}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _interruptible(run, out_dir: Path):
