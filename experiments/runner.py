@@ -34,7 +34,7 @@ from experiments.kv_whatif.stream import access_frame
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
 from experiments.recorder import Recorder
 from experiments.replay import MODES, Replay
-from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_json, write_run
 from experiments.seeds import config_id, redraw_workload
 from experiments.sessions import is_session_trace, load_sessions, session_report
 from experiments.sessions.metrics import session_summary, turns_table
@@ -332,6 +332,7 @@ def replay_specs(
             clock=None if readings is None else pd.DataFrame({"t": readings}),
             tables=tables,
         )
+        _mark_late_signal(summary, stops, run_dir)  # a signal during the write: the summary says so
         table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
         info = {
             "run_dir": _relative(run_dir, Path(table).parent),
@@ -342,6 +343,7 @@ def replay_specs(
         info.update(_override_columns(cfg, hydra.get("overrides", [])))
         append_sweep_row(Path(table), sweep_row(summary, info))
         wandb.finish(summary, requests, exit_code=1 if interrupted else 0)
+        _mark_late_signal(summary, stops, run_dir)
     if not quiet:
         print_summary(summary, engine, run_dir)
     if error is not None:
@@ -349,6 +351,15 @@ def replay_specs(
     if interrupted or stops.hits:
         raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
     return summary
+
+
+def _mark_late_signal(summary: dict, stops: StopSignals, run_dir: Path) -> None:
+    """A signal deferred while the results were written still ends the run (exit 128 + signum): the
+    summary, written before it landed, is rewritten to say interrupted."""
+    if stops.hits and not summary.get("interrupted"):
+        summary["interrupted"] = True
+        summary["signal"] = signal.Signals(stops.hits[0]).name
+        write_json(run_dir / "summary.json", summary)
 
 
 def run_summary(
