@@ -10,12 +10,16 @@ import typing
 from collections.abc import Mapping, Sequence
 
 
+class FieldTypeError(TypeError, ValueError):
+    """A value of the wrong type: a TypeError, and a ValueError for callers that refuse bad settings by that."""
+
+
 def check_field_types(obj) -> None:
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if not _matches(value, hints[f.name]):
-            raise TypeError(f"{f.name}: must be {_describe(hints[f.name])}, got {value!r}")
+            raise FieldTypeError(f"{f.name}: must be {_describe(hints[f.name])}, got {value!r}")
 
 
 def _options(annotation) -> tuple:

@@ -140,7 +140,8 @@ class TPExecutor(StepExecutor):
             self.tp.group.send(("step", message, dict(last_tokens)))
             return self.runner.run(local, last_tokens)
         except Exception as e:
-            dead = self.tp.dead_workers(wait_s=3.0)
+            # a killed worker's sockets can close before it can be reaped (longer on a loaded machine)
+            dead = self.tp.dead_workers(wait_s=min(10.0, self.tp.timeout_s))
             why = (
                 "; ".join(dead)
                 if dead

@@ -24,7 +24,7 @@ def tiny(**kw) -> Engine:
         ({"kv_cache_memory_gb": float("nan")}, "kv_cache_memory_gb must be"),
         ({"max_model_len": 0}, "max_model_len must be"),
         ({"max_model_len": -3}, "max_model_len must be"),
-        ({"max_model_len": 2.5}, "max_model_len must be"),
+        ({"max_model_len": 2.5}, "max_model_len:? must be"),  # a wrong type: FieldTypeError
     ],
 )
 def test_engine_config_refused_at_once(kwargs, match):
