@@ -9,6 +9,7 @@ exactly as a built-in (vLLM's --scheduler-cls is the precedent).
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -39,3 +40,19 @@ def load_class(kind: str, registry: dict[str, str], name: str, base: type[T]) ->
         expected = "a class" if base is object else f"a subclass of {base.__module__}.{base.__name__}"
         raise ValueError(f"{kind} {name!r}: {obj!r} is not {expected}")
     return obj
+
+
+def check_options(kind: str, name: str, target, options: dict, fixed: tuple[str, ...] = ()) -> None:
+    """Refuse options `target` (a class or function) does not declare, naming them and the ones it takes;
+    `fixed` are the arguments the builder passes itself."""
+    signature = inspect.signature(target)
+    params = signature.parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        known = [p.name for p in params if p.name not in fixed and p.kind is not p.VAR_POSITIONAL]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"{kind} {name!r} takes no options {unknown}; its options: {known or 'none'}")
+    try:  # a required argument missing
+        signature.bind(**{f: None for f in fixed if f in signature.parameters}, **options)
+    except TypeError as e:
+        raise ValueError(f"{kind} {name!r}: {e} (give it in its options)") from None

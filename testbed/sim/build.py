@@ -1,8 +1,6 @@
 """Assemble a simulation: its clock, device and dtype, its KV capacity, and the simulated executor."""
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -10,6 +8,8 @@ from testbed.cluster.links import load_link
 from testbed.parallel.sim_cost import rank_arch
 from testbed.sim.clock import VirtualClock
 from testbed.sim.config import SimConfig
+from testbed.sim.cost_models import REPLAY_STEPS, CostContext, build_cost_model, cost_model_class
+from testbed.sim.devices import DeviceSpec
 from testbed.sim.executor import SimExecutor
 
 
@@ -29,7 +29,7 @@ class SimPlan:
             return self.recorded.num_blocks
         arch = rank_arch(arch, self.tensor_parallel_size)  # one rank's weights and KV heads
         per_block = arch.kv_bytes_per_token(self.dtype.itemsize) * block_size
-        if self.config.cost_model == "roofline":
+        if self.recorded is None and cost_model_class(self.config.cost_model).kv_capacity == "device":
             from testbed.sim.capacity import weight_bytes
             from testbed.sim.devices import load_device
 
@@ -63,23 +63,13 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
     recorded = None
     dtype = engine_config.dtype
     kernel = engine_config.kernel
-    if sim.cost_model == "roofline":
-        from testbed.sim.devices import load_device
-
-        load_device(sim.device)
-        dtype = dtype or "bfloat16"
-    elif sim.cost_model in ("profile", "operators"):
-        path = Path(sim.profile)
-        if not path.exists():
-            raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibrate`)")
-        profile = json.loads(path.read_text())
-        dtype = dtype or profile.get("dtype", "float32")
-        kernel = profile.get("kernel", kernel) if kernel == "auto" else kernel
-    else:
+    if sim.cost_model == REPLAY_STEPS:
         from testbed.sim.recorded_run import RecordedRun
 
         recorded = RecordedRun(sim.run)
         dtype = dtype or recorded.dtype
+    else:
+        dtype, kernel = cost_model_class(sim.cost_model).resolve(sim, dtype, kernel)
     if clock is None:
         clock = recorded.clock() if recorded is not None else VirtualClock()
     return SimPlan(sim, clock, getattr(torch, dtype), kernel, recorded, tp)
@@ -93,27 +83,20 @@ def build_sim_executor(
     from testbed.spec import SpeculativeConfig, Speculator
 
     sim = plan.config
-    if sim.cost_model == "roofline":
-        from testbed.sim.cost_models.roofline import RooflineCost
-        from testbed.sim.devices import load_device
-
-        arch = rank_arch(spec.arch, plan.tensor_parallel_size)  # one rank's share
-        cost_model = RooflineCost(arch, plan.dtype.itemsize, load_device(sim.device))
-    elif sim.cost_model in ("profile", "operators"):
-        from testbed.sim.cost_models.operators import OperatorCost
-        from testbed.sim.cost_models.profile import ProfileCost
-
-        cost_model = (OperatorCost if sim.cost_model == "operators" else ProfileCost)(
-            sim.profile,
-            spec.name,
-            plan.kernel,
-            str(plan.dtype).removeprefix("torch."),
-            max_num_seqs,
-            max_num_batched_tokens,
-            sim.allow_extrapolation,
+    cost_model = None  # replay_steps: the clock replays the recorded run's readings
+    if sim.cost_model != REPLAY_STEPS:
+        context = CostContext(
+            arch=rank_arch(spec.arch, plan.tensor_parallel_size),  # one rank's share
+            dtype=plan.dtype,
+            device=sim.device if isinstance(sim.device, DeviceSpec) else None,
+            profile=sim.profile,
+            model=spec.name,
+            kernel=plan.kernel,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            allow_extrapolation=sim.allow_extrapolation,
         )
-    else:
-        cost_model = None  # the clock replays the recorded run's readings
+        cost_model = build_cost_model(sim.cost_model, context, sim.cost_model_options)
     if plan.tensor_parallel_size > 1:
         cost_model = _tensor_parallel(cost_model, plan, spec)
     spec_config = SpeculativeConfig.from_any(speculative_config)

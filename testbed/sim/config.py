@@ -2,14 +2,14 @@
 
 from dataclasses import dataclass, fields
 
-from testbed.sim.devices import DeviceSpec, load_device
-
-COST_MODELS = ("roofline", "profile", "operators", "replay_steps")
+from testbed.sim.cost_models import COST_MODELS, REPLAY_STEPS, cost_model_class
+from testbed.sim.devices import DeviceSpec, has_sheet, load_device
 
 
 @dataclass
 class SimConfig:
-    cost_model: str = "roofline"  # roofline | profile | operators | replay_steps
+    cost_model: str = "roofline"  # roofline | profile | operators | replay_steps | module:Class (a CostModel)
+    cost_model_options: dict | None = None  # a user's cost model (module:Class): its constructor's arguments
     device: str | dict | DeviceSpec | None = None  # roofline: a spec sheet (its values, or a built-in name)
     profile: str | None = None  # profile, operators: a profile JSON (experiments.calibrate writes results/profiles/)
     run: str | None = None  # replay_steps: the folder of a recorded real run (clock.parquet, steps.parquet)
@@ -20,12 +20,17 @@ class SimConfig:
     skip_steps: bool = True  # advance runs of pure decode steps in one go (testbed.sim.decode_runs; same results)
 
     def __post_init__(self):
-        if self.cost_model not in COST_MODELS:
-            raise ValueError(f"sim cost_model must be one of {COST_MODELS}, got {self.cost_model!r}")
-        if self.cost_model == "roofline":
+        if self.cost_model == REPLAY_STEPS:
+            if self.cost_model_options:
+                raise ValueError(f"sim cost_model replay_steps takes no options {sorted(self.cost_model_options)}")
+        elif cost_model_class(self.cost_model, self.cost_model_options or {}).kv_capacity == "device":
             if not self.device:
-                raise ValueError("the roofline cost model needs a device with a spec sheet (device=h100-sxm, ...)")
+                raise ValueError(
+                    f"the {self.cost_model} cost model needs a device with a spec sheet (device=h100-sxm, ...)"
+                )
             self.device = load_device(self.device)
+        elif self.cost_model not in COST_MODELS and self.device is not None and has_sheet(self.device):
+            self.device = load_device(self.device)  # a user's model gets the sheet when one is composed
         if self.cost_model in ("profile", "operators") and not self.profile:
             raise ValueError(f"the {self.cost_model} cost model needs a profile file (executor.profile=PATH)")
         if self.cost_model == "replay_steps" and not self.run:

@@ -53,6 +53,13 @@ def known_devices() -> list[str]:
     return builtin_names("device")
 
 
+def has_sheet(value) -> bool:
+    """Whether `value` names or holds a device spec sheet (the `auto` device group holds none)."""
+    if isinstance(value, (DeviceSpec, str)):
+        return True
+    return isinstance(value, dict) and all(value.get(k) is not None for k in SHEET_KEYS)
+
+
 def load_device(value: str | dict | DeviceSpec) -> DeviceSpec:
     """A device with a spec sheet: a DeviceSpec, a mapping of its fields (the composed `device` group), or
     the name of a built-in sheet."""

@@ -2,25 +2,39 @@
 
 from dataclasses import dataclass, fields
 
-METHODS = ("none", "ngram", "draft", "layerskip")
+# method -> "module:Proposer subclass", imported on demand; a method may also be the import path of the
+# user's own Proposer subclass (testbed.plugins), built from spec.options.
+PROPOSERS = {
+    "ngram": "testbed.spec.ngram:NgramProposer",
+    "draft": "testbed.spec.draft:DraftModelProposer",
+    "layerskip": "testbed.spec.draft:LayerSkipProposer",
+}
+METHODS = ("none", *PROPOSERS)
 _ALIASES = {"draft_model": "draft", "prompt_lookup": "ngram", "[ngram]": "ngram", "self_speculative": "layerskip"}
 
 
 @dataclass
 class SpeculativeConfig:
-    method: str = "none"  # none | ngram | draft | layerskip
+    method: str = "none"  # none | ngram | draft | layerskip | module:Class (a testbed.spec.base.Proposer)
     num_speculative_tokens: int = 4  # k: drafts proposed per request per step
     prompt_lookup_max: int = 3  # ngram: longest suffix n-gram matched
     prompt_lookup_min: int = 1  # ngram: shortest suffix n-gram matched
     model: str | None = None  # draft: model name sharing the target's vocabulary
     num_layers: int | None = None  # layerskip: the target's first L layers; draft: keep only L layers
+    options: dict | None = None  # a user's method (module:Class): its constructor's arguments
 
     def __post_init__(self):
         self.method = _ALIASES.get(self.method, self.method)
-        if self.method not in METHODS:
-            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
+        if self.method not in METHODS and ":" not in str(self.method):
+            raise ValueError(
+                f"unknown speculative method {self.method!r}; choose one of {list(METHODS)} "
+                "or give an import path module:Class"
+            )
+        if self.options and self.method in METHODS:
+            raise ValueError(f"speculative method {self.method!r} takes no options {sorted(self.options)}")
         if self.method == "none":
             return
+        proposer_class(self.method, self.options or {})  # an import path that fails or a wrong option: refused now
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if self.method == "ngram" and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
@@ -56,3 +70,14 @@ class SpeculativeConfig:
         if "method" not in kwargs:
             kwargs["method"] = "draft" if kwargs.get("model") else "none"
         return cls(**kwargs)
+
+
+def proposer_class(method: str, options: dict | None = None):
+    """The Proposer class of `method` (a name or module:Class); a user's options checked unless None."""
+    from testbed.plugins import check_options, load_class
+    from testbed.spec.base import Proposer
+
+    cls = load_class("speculative method", PROPOSERS, method, Proposer)
+    if method not in PROPOSERS and options is not None:
+        check_options("speculative method", method, cls, options)
+    return cls

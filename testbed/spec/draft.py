@@ -143,6 +143,42 @@ class DraftModelProposer(ModelProposer):
 
     name = "draft"
 
+    @classmethod
+    def build(cls, config, ctx) -> "DraftModelProposer":
+        from testbed.executor.kv_cache import allocate_kv_cache
+        from testbed.models.build import build_model, load_model_spec
+
+        k = config.num_speculative_tokens
+        spec = load_model_spec(config.model, ctx.max_model_len)
+        vocab = ctx.target.arch.vocab_size
+        if spec.arch.vocab_size != vocab:
+            raise ValueError(
+                f"draft model {config.model!r} has vocab_size {spec.arch.vocab_size}, the target has "
+                f"{vocab}: they must share the tokenizer"
+            )
+        layers = spec.arch.num_hidden_layers if config.num_layers is None else config.num_layers
+        if not 1 <= layers <= spec.arch.num_hidden_layers:
+            raise ValueError(f"draft num_layers must be in [1, {spec.arch.num_hidden_layers}], got {layers}")
+        model = build_model(spec, ctx.backend, ctx.dtype, ctx.device, ctx.seed)
+        if layers < spec.arch.num_hidden_layers:  # drop the unused layers' weights
+            del model.model.layers[layers:]
+        scratch = num_scratch_blocks(k, ctx.block_size, ctx.max_num_seqs)
+        kv_caches = allocate_kv_cache(
+            spec.arch, ctx.num_blocks + scratch, ctx.block_size, layers, ctx.dtype, ctx.device
+        )
+        return cls(
+            model,
+            layers,
+            kv_caches,
+            ctx.tables,
+            ctx.sampler,
+            ctx.num_blocks,
+            ctx.block_size,
+            ctx.max_num_seqs,
+            k,
+            ctx.device,
+        )
+
     @torch.inference_mode()
     def observe(self, inputs) -> None:
         self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, num_layers=self.num_layers)
@@ -154,3 +190,24 @@ class LayerSkipProposer(ModelProposer):
     has nothing to do."""
 
     name = "layerskip"
+
+    @classmethod
+    def build(cls, config, ctx) -> "LayerSkipProposer":
+        total = ctx.target.arch.num_hidden_layers
+        layers = config.num_layers
+        if not 1 <= layers < total:
+            raise ValueError(
+                f"layerskip num_layers must be in [1, {total - 1}] for a model of {total} layers, got {layers}"
+            )
+        return cls(
+            ctx.target,
+            layers,
+            ctx.target_kv_caches[:layers],
+            ctx.tables,
+            ctx.sampler,
+            ctx.num_blocks,
+            ctx.block_size,
+            ctx.max_num_seqs,
+            config.num_speculative_tokens,
+            ctx.device,
+        )

@@ -27,6 +27,10 @@ def ngram_propose(tokens, k: int, n_max: int, n_min: int) -> list[int]:
 class NgramProposer(Proposer):
     name = "ngram"
 
+    @classmethod
+    def build(cls, config, ctx) -> "NgramProposer":
+        return cls(config.prompt_lookup_max, config.prompt_lookup_min)
+
     def __init__(self, n_max: int, n_min: int):
         self.n_max, self.n_min = n_max, n_min
 

@@ -147,7 +147,7 @@ def test_simulated_speculative_decoding_accepts_at_the_configured_rate():
         ({"cost_model": "roofline"}, "needs a device"),
         ({"cost_model": "profile", "profile": "/nonexistent.json"}, "no profile at"),
         ({"cost_model": "replay_steps", "run": "/nonexistent"}, "not a recorded run"),
-        ({"cost_model": "magic"}, "cost_model must be one of"),
+        ({"cost_model": "magic"}, r"unknown sim cost_model .magic.; choose one of \[.roofline., .profile."),
     ],
 )
 def test_bad_simulation_config_fails_before_the_run(sim_config, match):

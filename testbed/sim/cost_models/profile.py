@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.sim.cost_models.base import CostContext, CostModel
 from testbed.sim.shape import StepShape
 
 FEATURES = ("step", "seqs", "linear", "logits", "prefill_pairs", "decode_context")
@@ -76,8 +77,29 @@ def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
     }
 
 
-class ProfileCost:
+class ProfileCost(CostModel):
     name = "profile"
+
+    @classmethod
+    def resolve(cls, sim, dtype, kernel):
+        """The profile's dtype and kernel unless set (kernel=auto resolves to the profile's)."""
+        path = Path(sim.profile)
+        if not path.exists():
+            raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibrate`)")
+        profile = json.loads(path.read_text())
+        return dtype or profile.get("dtype", "float32"), profile.get("kernel", kernel) if kernel == "auto" else kernel
+
+    @classmethod
+    def build(cls, ctx: CostContext) -> "ProfileCost":  # type: ignore[override]
+        return cls(
+            ctx.profile,  # type: ignore[arg-type]
+            ctx.model,
+            ctx.kernel,
+            str(ctx.dtype).removeprefix("torch."),
+            ctx.max_num_seqs,
+            ctx.max_num_batched_tokens,
+            ctx.allow_extrapolation,
+        )
 
     def __init__(
         self,

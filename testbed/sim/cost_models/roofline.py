@@ -12,12 +12,20 @@ testbed/parallel/sim_cost.py). Not modelled: kernel launch gaps beyond the overh
 activation traffic, sampling cost, and the host work of scheduling (assumed hidden).
 """
 
+from testbed.sim.cost_models.base import CostContext, CostModel
 from testbed.sim.devices import DeviceSpec
 from testbed.sim.shape import StepShape
 
 
-class RooflineCost:
+class RooflineCost(CostModel):
     name = "roofline"
+    kv_capacity = "device"
+
+    @classmethod
+    def build(cls, ctx: CostContext) -> "RooflineCost":  # type: ignore[override]
+        if ctx.device is None:
+            raise ValueError("the roofline cost model needs a device with a spec sheet (device=h100-sxm, ...)")
+        return cls(ctx.arch, ctx.dtype.itemsize, ctx.device)
 
     def __init__(self, arch, dtype_bytes: int, device: DeviceSpec):
         self.device = device
