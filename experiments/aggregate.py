@@ -194,7 +194,13 @@ def wide(agg: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 
 
 class AggregateCallback(Callback):
-    """Hydra callback (conf/config.yaml): when a multirun ends, write sweep_ci.csv next to its sweep.csv."""
+    """Hydra callback (conf/config.yaml): when a multirun ends, write sweep_ci.csv next to its sweep.csv.
+    While it runs, SIGTERM / SIGHUP stop its job processes first (experiments.sweep_signals)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from experiments.sweep_signals import install
+
+        install(on_stopped=lambda: self.on_multirun_end(config))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         table = (config.get("results") or {}).get("sweep_table") or Path(config.hydra.sweep.dir) / SWEEP_TABLE
