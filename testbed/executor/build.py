@@ -17,7 +17,7 @@ from testbed.executor.sampler import Sampler
 from testbed.models.build import ModelSpec, build_model
 from testbed.parallel.config import shard_arch
 from testbed.parallel.start import start_tensor_parallel
-from testbed.spec import SpeculativeConfig, Speculator, build_speculator
+from testbed.spec import SpeculativeConfig, Speculator, build_speculator, proposer_class
 from testbed.spec.draft import DraftModelProposer, num_scratch_blocks
 
 # block-table columns beyond max_model_len's blocks: speculative lookahead
@@ -67,7 +67,7 @@ def build_executor(
         model = tp.shard(model)
     spec_config = SpeculativeConfig.from_any(config.speculative_config)
     scratch = 0
-    if spec_config.method == "layerskip":  # the draft writes its KV into the target's tensors
+    if spec_config.enabled and proposer_class(spec_config.method).writes_target_kv:
         scratch = num_scratch_blocks(spec_config.num_speculative_tokens, config.block_size, config.max_num_seqs)
     kv_dtype = kv_cache_dtype(config, dtype)
     kv_arch = shard_arch(spec.arch, config.tensor_parallel_size)  # this rank's KV heads

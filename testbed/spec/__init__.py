@@ -20,6 +20,7 @@ __all__ = [
     "SpecMetrics",
     "Speculator",
     "build_speculator",
+    "proposer_class",
     "greedy_verify",
     "rejection_sample",
 ]

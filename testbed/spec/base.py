@@ -37,6 +37,7 @@ class Proposer:
     proposal (q = one-hot), which is also what greedy requests need."""
 
     name = "base"
+    writes_target_kv = False  # drafts into the target's KV tensors (which then carry num_scratch_blocks)
 
     @classmethod
     def build(cls, config, ctx: SpecContext) -> "Proposer":

@@ -190,6 +190,7 @@ class LayerSkipProposer(ModelProposer):
     has nothing to do."""
 
     name = "layerskip"
+    writes_target_kv = True
 
     @classmethod
     def build(cls, config, ctx) -> "LayerSkipProposer":
