@@ -11,7 +11,7 @@ import torch
 from testbed.attention import get_backend, resolve_kernel
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
-from testbed.core.host_tier import attach_host_tier, host_copy_cost
+from testbed.core.host_tier import attach_host_tier
 from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.sched_output import SchedulerOutput
@@ -32,6 +32,7 @@ from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingPara
 from testbed.sequence_group import SequenceGroup
 from testbed.sim.build import plan_simulation
 from testbed.sim.decode_runs import DecodeRuns
+from testbed.sim.host_copies import host_copy_cost
 from testbed.validation import check_kv_cache_fits, check_request_types
 
 logger = logging.getLogger(__name__)
@@ -138,10 +139,17 @@ class Engine:
             self.max_model_len,
         )
         self.executor, self.model, self.spec = build_executor(
-            config, spec, self.backend, num_blocks, num_cpu_blocks, self.device, self.dtype, self.sampler, sim
+            config,
+            spec,
+            self.backend,
+            num_blocks,
+            num_cpu_blocks,
+            self.device,
+            self.dtype,
+            self.sampler,
+            sim,
+            host_copy_cost(config, block_bytes) if sim else None,
         )
-        if sim and getattr(self.kv, "host_tier", None) is not None:
-            self.executor.copy_cost = host_copy_cost(config, block_bytes)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
         self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config, sim) else None
         self.inflight = None  # (start, SchedulerOutput, Future) of the step running on the pipeline
@@ -449,6 +457,4 @@ class Engine:
         """Release what outlives the engine object: the async-step thread and tensor-parallel workers."""
         if self.pipeline is not None:
             self.pipeline.close()
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
+        self.executor.close()

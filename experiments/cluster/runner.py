@@ -24,6 +24,7 @@ from experiments.cluster.replay import ClusterReplay
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo
 from experiments.replay import MODES
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.run_console import print_summary
 from experiments.runner import (
     SWEEP_COLUMNS,
     _hydra_info,
@@ -34,7 +35,6 @@ from experiments.runner import (
     check_session_config,
     config_value,
     executor_summary,
-    print_summary,
     run_summary,
     spec_summary,
     trace_vocab_size,

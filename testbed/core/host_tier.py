@@ -172,10 +172,3 @@ def attach_host_tier(config, kv, num_cpu_blocks: int | None, bytes_per_block: in
     first = num_cpu_blocks or 0
     kv.host_tier = HostKVTier(kv, n, first, tier.write)
     return first + n
-
-
-def host_copy_cost(config, bytes_per_block: int):
-    from testbed.cluster.links import load_link
-    from testbed.sim.host_copies import HostCopyCost
-
-    return HostCopyCost(load_link(HostTierConfig.from_any(config.host_tier).link), bytes_per_block)

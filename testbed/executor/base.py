@@ -39,6 +39,8 @@ class Executor(Protocol):
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput: ...
 
+    def close(self) -> None: ...
+
 
 class StepExecutor:
     """execute = run(prepare(out)), with no step in flight."""
@@ -51,3 +53,6 @@ class StepExecutor:
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
         return self.run(self.prepare(out), {})
+
+    def close(self) -> None:
+        """Release what outlives the executor object (processes, threads); nothing by default."""

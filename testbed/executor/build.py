@@ -40,16 +40,24 @@ def build_executor(
     dtype: torch.dtype,
     sampler: Sampler,
     sim=None,
+    host_copy_cost=None,
 ) -> ExecutorParts:
     """num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool);
-    sim: the simulation plan (testbed.sim.build.SimPlan) when config.executor == "sim"."""
+    sim: the simulation plan (testbed.sim.build.SimPlan) when config.executor == "sim"; host_copy_cost: its
+    price of the host KV tier's copies (testbed.sim.host_copies), None without the tier."""
     eos = set(spec.eos_token_ids)
     token = next(t for t in range(len(eos) + 1) if t not in eos)  # never ends a request by itself
     if config.executor == "sim":
         from testbed.sim.build import build_sim_executor
 
         executor, speculator = build_sim_executor(
-            sim, spec, token, config.speculative_config, config.max_num_seqs, config.max_num_batched_tokens
+            sim,
+            spec,
+            token,
+            config.speculative_config,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            host_copy_cost,
         )
         return ExecutorParts(executor, None, speculator)
     width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS

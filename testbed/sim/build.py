@@ -76,7 +76,13 @@ def plan_simulation(engine_config, clock=None) -> SimPlan | None:
 
 
 def build_sim_executor(
-    plan: SimPlan, spec, token_id: int, speculative_config, max_num_seqs: int, max_num_batched_tokens: int
+    plan: SimPlan,
+    spec,
+    token_id: int,
+    speculative_config,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    copy_cost=None,
 ):
     """(executor, speculator): the cost model named by the plan, checked against the model, kernel, dtype."""
     from testbed.sim.proposer import FixedDraftProposer
@@ -104,7 +110,9 @@ def build_sim_executor(
     if spec_config.enabled:
         speculator = Speculator(spec_config, FixedDraftProposer(token_id), spec.max_model_len)
     recorded = plan.recorded
-    executor = SimExecutor(cost_model, plan.clock, token_id, speculator, sim.spec_acceptance, sim.seed, recorded)
+    executor = SimExecutor(
+        cost_model, plan.clock, token_id, speculator, sim.spec_acceptance, sim.seed, recorded, copy_cost
+    )
     return executor, speculator
 
 

@@ -29,6 +29,7 @@ class SimExecutor(StepExecutor):
         spec_acceptance: float = 0.7,
         seed: int = 0,
         recorded=None,
+        copy_cost=None,
     ):
         self.cost_model = cost_model  # None: the clock replays recorded time (replay_steps)
         self.recorded = recorded  # replay_steps: testbed.sim.recorded_run.RecordedRun, checked step by step
@@ -39,7 +40,7 @@ class SimExecutor(StepExecutor):
         self.rng = random.Random(seed)
         self.num_steps = 0
         self.simulated_seconds = 0.0
-        self.copy_cost = None  # testbed.sim.host_copies.HostCopyCost when the host KV tier is on
+        self.copy_cost = copy_cost  # testbed.sim.host_copies.HostCopyCost when the host KV tier is on
 
     def prepare(self, out: SchedulerOutput) -> SchedulerOutput:
         return out
