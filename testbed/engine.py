@@ -22,18 +22,19 @@ from testbed.executor.build import build_executor
 from testbed.executor.kv_cache import kv_bytes_per_block, kv_cache_dtype, num_blocks_from_memory, num_host_blocks
 from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
+from testbed.input_processor import InputProcessor
 from testbed.isolation import RunInvalid, error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
 from testbed.parallel.config import check_tensor_parallel, shard_arch, tp_kernel
 from testbed.request import Request, RequestStatus
-from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
+from testbed.sampling_params import SamplingParams
 from testbed.sequence_group import SequenceGroup
 from testbed.sim.build import plan_simulation
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.host_copies import host_copy_cost
-from testbed.validation import check_kv_cache_fits, check_request_types
+from testbed.validation import check_kv_cache_fits
 
 logger = logging.getLogger(__name__)
 
@@ -159,77 +160,15 @@ class Engine:
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
+        self.input_processor = InputProcessor(config, self.max_model_len, self.arch.vocab_size, self.kv, self.sampler)
         self.decode_runs = None  # a simulation's step skipping (step(horizon=...))
         if sim is not None and sim.config.skip_steps and self.spec is None:
             self.decode_runs = DecodeRuns(self.scheduler, self.kv, self.executor, self._emit_step)
 
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
-        """Raise before any work if this request can never run."""
-        check_request_types(prompt_token_ids, params, request_id)
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError(f"request {request_id}: the prompt is empty")
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"request {request_id}: prompt of {n} tokens leaves no room to generate within "
-                f"max_model_len={self.max_model_len}"
-            )
-        vocab = self.arch.vocab_size
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops; the culprit only on failure
-            bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-            raise ValueError(
-                f"request {request_id}: token id {bad[0]} outside the vocabulary [0, {self.arch.vocab_size})"
-            )
-        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
-            raise ValueError(
-                f"request {request_id}: prompt of {n} tokens exceeds max_num_batched_tokens="
-                f"{self.config.max_num_batched_tokens} and chunked prefill is off"
-            )
-        final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
-        self.sampler.check(params, request_id)
-        need = self.kv.blocks_for_request(final_len)
-        if need > self.kv.num_blocks:
-            raise ValueError(
-                f"request {request_id}: {final_len} tokens need {need} KV blocks of "
-                f"{self.kv.block_size}, the whole cache has {self.kv.num_blocks}"
-            )
-        if params.num_sequences > 1:
-            self._check_group(n, final_len, params, request_id)
-
-    def _check_group(self, num_prompt: int, final_len: int, params: SamplingParams, request_id: str) -> None:
-        """A parallel-sampling group must be able to run as one (testbed.sequence_group): seats for all its
-        sequences, and room for all of them at their final length at once, the prompt's full blocks counted
-        once (the partly filled one is copied by each sequence)."""
-        k, bs = params.num_sequences, self.kv.block_size
-        what, param = f"n={params.n}", "n"
-        if params.best_of is not None and params.best_of > params.n:
-            what, param = f"best_of={params.best_of}", "best_of"
-        if not self.kv.supports_fork:
-            raise SamplingParamError(
-                param,
-                f"request {request_id}: {what} needs sequences sharing KV blocks, which cache={self.kv.name} "
-                "cannot do (use cache=paged)",
-            )
-        if params.seed is not None and params.seed + k - 1 > SEED_RANGE[1]:
-            raise SamplingParamError(
-                "seed",
-                f"request {request_id}: sequence {k - 1} would use seed {params.seed} + "
-                f"{k - 1}, beyond the largest seed {SEED_RANGE[1]}",
-            )
-        max_seqs = self.config.max_num_seqs
-        if k > max_seqs:
-            raise SamplingParamError(
-                param, f"request {request_id}: {what} sequences cannot run together with max_num_seqs={max_seqs}"
-            )
-        shared = (num_prompt - 1) // bs
-        need = shared + k * (self.kv.blocks_for_request(final_len) - shared)
-        if need > self.kv.num_blocks:
-            raise SamplingParamError(
-                param,
-                f"request {request_id}: {what} sequences of up to {final_len} tokens need {need} KV blocks of {bs} "
-                f"together ({shared} shared), the whole cache has {self.kv.num_blocks}",
-            )
+        """Raise before any work if this request can never run (testbed.input_processor)."""
+        self.input_processor.check(prompt_token_ids, params, request_id)
 
     def add_request(
         self,

@@ -1,0 +1,78 @@
+"""Checks a request before it enters the engine: types, prompt length and vocabulary, sampling parameters
+(the sampler's vocabulary-dependent checks), KV capacity for its final length, and a parallel-sampling
+group's seats and blocks. vLLM v1's input processor is the model: one place refuses what can never run."""
+
+from testbed.config import EngineConfig
+from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
+from testbed.validation import check_request_types
+
+
+class InputProcessor:
+    def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int, kv, sampler):
+        self.config, self.max_model_len, self.vocab_size = config, max_model_len, vocab_size
+        self.kv, self.sampler = kv, sampler
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
+        """Raise before any work if this request can never run."""
+        check_request_types(prompt_token_ids, params, request_id)
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: prompt of {n} tokens leaves no room to generate within "
+                f"max_model_len={self.max_model_len}"
+            )
+        vocab = self.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops; the culprit only on failure
+            bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+            raise ValueError(f"request {request_id}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"request {request_id}: prompt of {n} tokens exceeds max_num_batched_tokens="
+                f"{self.config.max_num_batched_tokens} and chunked prefill is off"
+            )
+        final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
+        self.sampler.check(params, request_id)
+        need = self.kv.blocks_for_request(final_len)
+        if need > self.kv.num_blocks:
+            raise ValueError(
+                f"request {request_id}: {final_len} tokens need {need} KV blocks of "
+                f"{self.kv.block_size}, the whole cache has {self.kv.num_blocks}"
+            )
+        if params.num_sequences > 1:
+            self._check_group(n, final_len, params, request_id)
+
+    def _check_group(self, num_prompt: int, final_len: int, params: SamplingParams, request_id: str) -> None:
+        """A parallel-sampling group must be able to run as one (testbed.sequence_group): seats for all its
+        sequences, and room for all of them at their final length at once, the prompt's full blocks counted
+        once (the partly filled one is copied by each sequence)."""
+        k, bs = params.num_sequences, self.kv.block_size
+        what, param = f"n={params.n}", "n"
+        if params.best_of is not None and params.best_of > params.n:
+            what, param = f"best_of={params.best_of}", "best_of"
+        if not self.kv.supports_fork:
+            raise SamplingParamError(
+                param,
+                f"request {request_id}: {what} needs sequences sharing KV blocks, which cache={self.kv.name} "
+                "cannot do (use cache=paged)",
+            )
+        if params.seed is not None and params.seed + k - 1 > SEED_RANGE[1]:
+            raise SamplingParamError(
+                "seed",
+                f"request {request_id}: sequence {k - 1} would use seed {params.seed} + "
+                f"{k - 1}, beyond the largest seed {SEED_RANGE[1]}",
+            )
+        max_seqs = self.config.max_num_seqs
+        if k > max_seqs:
+            raise SamplingParamError(
+                param, f"request {request_id}: {what} sequences cannot run together with max_num_seqs={max_seqs}"
+            )
+        shared = (num_prompt - 1) // bs
+        need = shared + k * (self.kv.blocks_for_request(final_len) - shared)
+        if need > self.kv.num_blocks:
+            raise SamplingParamError(
+                param,
+                f"request {request_id}: {what} sequences of up to {final_len} tokens need {need} KV blocks of {bs} "
+                f"together ({shared} shared), the whole cache has {self.kv.num_blocks}",
+            )
