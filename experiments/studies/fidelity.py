@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.atomic import atomic_open
 from experiments.environment import environment
 from experiments.probe import probe_seconds
 from experiments.runner import build_engine, config_value, run_trace
@@ -138,6 +139,7 @@ class Study:
             for r in rows
         ]
         self.runs += out
+        self.write()  # after every cell: an interrupted study keeps what it measured
         return out
 
     def trace(self, trace: str) -> None:
@@ -158,15 +160,20 @@ class Study:
     def write(self) -> None:
         out = self.args.out
         runs = pd.DataFrame(self.runs)
-        runs.to_csv(out / "runs.csv", index=False)
         figs = report.figures(runs)
-        figs.to_csv(out / "figures.csv", index=False)
         knee_table = report.knees(runs, self.args.attainment)
-        knee_table.to_csv(out / "knee.csv", index=False)
         steps = pd.DataFrame(self.steps)
-        steps.to_csv(out / "step_residuals.csv", index=False)
         residuals = report.residuals_by_kind(steps) if len(steps) else pd.DataFrame()
-        residuals.to_csv(out / "residuals_by_kind.csv", index=False)
+        tables = {
+            "runs": runs,
+            "figures": figs,
+            "knee": knee_table,
+            "step_residuals": steps,
+            "residuals_by_kind": residuals,
+        }
+        for name, table in tables.items():
+            with atomic_open(out / f"{name}.csv") as f:
+                table.to_csv(f, index=False)
         slo = config_value(compose([*self.setup, *self.user]), "slo")
         header = (
             f"Fidelity study v2: profile `{self.profile.name}`, {self.args.repeats} real repeats per cell, "
@@ -174,7 +181,8 @@ class Study:
             "Simulations price batches beyond the calibrated range too (executor.allow_extrapolation=true).\n\n"
             "Environment: " + json.dumps(environment())
         )
-        (out / "summary.md").write_text(report.summary_markdown(figs, knee_table, residuals, header))
+        with atomic_open(out / "summary.md") as f:
+            f.write(report.summary_markdown(figs, knee_table, residuals, header))
 
 
 def parse(argv):
