@@ -1,5 +1,6 @@
 """Entry point: `python run.py [overrides]` (or `testbed-run [overrides]`, from any directory) assembles the
-engine from conf/ and runs the chosen mode."""
+engine from the packaged config tree (experiments/conf, composed as the module `experiments.conf`) and runs
+the chosen mode."""
 
 import os
 import signal
@@ -10,12 +11,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-# absolute: the `testbed-run` console script imports this file as the module `run`, and Hydra would then
-# look for a `conf` package instead of the folder next to it (and fail outside the repository root)
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+from experiments.conf import CONFIG_PATH
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+# package data, not a folder next to this file: a non-editable install runs from any directory
+@hydra.main(config_path=CONFIG_PATH, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
     from experiments.runner import build_engine
     from experiments.settings import run_settings

@@ -47,11 +47,11 @@ def overrides(args, requests: int) -> list[str]:
 
 
 def run(args, requests: int, out: Path) -> tuple[dict, float]:
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
     from experiments.cluster.runner import run_cluster
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides(args, requests))
     start = time.perf_counter()
     summary = run_cluster(cfg, out)

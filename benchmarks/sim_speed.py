@@ -42,11 +42,11 @@ def overrides(args, requests: int) -> list[str]:
 
 
 def run(args, requests: int, out: Path) -> tuple[dict, float]:
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
     from experiments.runner import run_trace
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides(args, requests))
     start = time.perf_counter()
     summary = run_trace(cfg, out)

@@ -79,11 +79,11 @@ def parse_args(argv):
 
 
 def build(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
     from experiments.runner import build_engine
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=["progress=false", *overrides])
     engine = build_engine(cfg, record_clock=False)
     if engine.config.executor != "real":

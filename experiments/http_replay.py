@@ -303,12 +303,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
 
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
 
     overrides = list(args.overrides)
-    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
-    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         try:
             cfg = compose(config_name="config", overrides=overrides)
         except HydraException:  # a config without trace/replay groups in its defaults

@@ -31,9 +31,9 @@ def trace_path(name: str) -> str:
 
 
 def compose_cfg(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=["progress=false", "wandb.enabled=false", *overrides])
 
 

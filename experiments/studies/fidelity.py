@@ -39,9 +39,9 @@ COST_MODELS = ("profile", "operators")
 
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return hydra_compose("config", overrides=["progress=false", "wandb.enabled=false", *overrides])
 
 

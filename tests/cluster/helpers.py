@@ -1,8 +1,6 @@
 """Helpers shared by the cluster tests."""
 
-from hydra import compose, initialize_config_dir
-
-from ..runner.helpers import ROOT
+from hydra import compose, initialize_config_module
 
 SIM = ["model=llama-3.1-8b", "executor=sim", "device=h100-sxm"]
 SMALL_TRACE = [
@@ -17,5 +15,5 @@ SMALL_TRACE = [
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=["progress=false", *overrides])

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from testbed.cluster.links import load_link
@@ -23,14 +23,15 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 
 def composed(group, name):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"{group}={name}"])
     return OmegaConf.to_container(cfg[group], resolve=True)
 
 
 def test_conf_has_no_second_copy_of_the_builtin_groups():
     for group in GROUPS:
-        assert not (ROOT / "conf" / group).exists(), f"conf/{group}/ would drift from testbed/specs/{group}/"
+        conf_group = ROOT / "experiments" / "conf" / group
+        assert not conf_group.exists(), f"experiments/conf/{group}/ would drift from testbed/specs/{group}/"
         assert builtin_names(group), group
 
 

@@ -16,13 +16,13 @@ import fnmatch
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from experiments.settings import run_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
+CONF = ROOT / "experiments" / "conf"
 SPECS = ROOT / "testbed" / "specs"
 
 # Run-level leaves: they change where results go or how a run is shown, not what runs.
@@ -131,7 +131,7 @@ def groups() -> dict[str, list[str]]:
 
 @pytest.fixture(autouse=True, scope="module")
 def hydra_initialized():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # once: initialising is slow
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):  # once: initialising is slow
         yield
 
 

@@ -1,5 +1,6 @@
 """`testbed-run` works from any directory: the console script imports run.py as a module (`from run import
-main`), and Hydra must still find conf/ next to it. Run here as the script pip generates, from a temp dir."""
+main`), and Hydra must still find its config (package data: experiments.conf). Run here as the script pip
+generates, from a temp dir."""
 
 import json
 import os

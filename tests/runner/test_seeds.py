@@ -2,7 +2,7 @@
 composed), config_id ignores them, and a repeat redraws the workload when replay.redraw_workload says so."""
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -11,7 +11,7 @@ from experiments.seeds import SEED_KEYS, WORKLOAD_SEEDS, config_id, redraw_workl
 
 from .helpers import ROOT
 
-CONF = ROOT / "conf"
+CONF = ROOT / "experiments" / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 
 
@@ -28,13 +28,13 @@ def _leaves(node, prefix=""):
 
 
 def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
 
 def _compose_option(group: str, option: str):
     """The config with one group option chosen (added, for a group outside the defaults list); inside an
-    initialize_config_dir context."""
+    initialize_config_module context."""
     if not group:
         return compose("config")
     try:
@@ -47,7 +47,7 @@ def test_every_seed_key_of_conf_is_listed():
     """Compose every option of every group (and the defaults): a key whose name says seed is in SEED_KEYS,
     and changing it leaves config_id alone."""
     seen = set()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         composed = [(g, o, _compose_option(g, o)) for g, o in [("", "")] + _options()]
     for group, option, cfg in composed:
         resolved = OmegaConf.to_container(cfg, resolve=True)

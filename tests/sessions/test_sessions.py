@@ -6,7 +6,7 @@ import time
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.recorder import Recorder
 from experiments.runner import run_trace
@@ -17,14 +17,12 @@ from experiments.traces import RequestSpec, TraceError
 from testbed import Engine
 from testbed.config import EngineConfig
 
-from ..runner.helpers import ROOT
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 BS = 4
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=["progress=false", "model=tiny", "cache.num_blocks=512", *overrides])
 
 

@@ -6,13 +6,11 @@ import textwrap
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.runner import run_trace
 from experiments.settings import run_settings
 from testbed import Engine
-
-from ..runner.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,7 +52,7 @@ def mymod(tmp_path, monkeypatch):
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=[*WORKLOAD, *overrides])
 
 

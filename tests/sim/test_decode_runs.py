@@ -5,7 +5,7 @@ policies and replay modes, with preemption and prefix caching; and it did skip (
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.results import load_run
 from experiments.runner import run_trace
@@ -52,7 +52,7 @@ SLOW_CASES = {
 
 
 def run(tmp_path: Path, name: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=SIM + overrides)
     run_trace(cfg, tmp_path / name)
     return load_run(tmp_path / name)
@@ -93,7 +93,7 @@ def test_cluster_skipping_equals_stepping(tmp_path, monkeypatch, router):
     cluster = AZURE + ["replay=open_loop", "trace.time_scale=3", "cluster.replicas=3", f"cluster.router={router}"]
     tables = []
     for name, skip in (("step", "false"), ("skip", "true")):
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
             cfg = compose("config", overrides=SIM + cluster + [f"executor.skip_steps={skip}"])
         run_cluster(cfg, tmp_path / name)
         tables.append(load_run(tmp_path / name))

@@ -4,14 +4,12 @@ import json
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.runner import run_trace
 from testbed import Engine, SamplingParams
 from testbed.config import EngineConfig
 from testbed.sim.clock import ClockDivergence
-
-from ..runner.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,7 +25,7 @@ SMALL_TRACE = [
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=["progress=false", *overrides])
 
 

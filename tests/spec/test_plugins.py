@@ -4,12 +4,10 @@ drafts with it and verification keeps greedy output exact; its options are check
 import textwrap
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.settings import run_settings
 from testbed import LLM, SamplingParams
-
-from ..runner.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -58,7 +56,7 @@ def test_a_users_proposer_drafts_and_greedy_output_stays_exact(mydrafts):
 
 
 def cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose("config", overrides=["model=tiny", "progress=false", *overrides])
 
 

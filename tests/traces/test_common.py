@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from experiments.traces import PROJECT_ROOT, TraceError, load_trace
 from experiments.traces.common import Row, _policy, options
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "trace"
+CONF = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "trace"
 
 
 def azure(fixtures, max_model_len, **kw):
@@ -144,10 +144,10 @@ def test_conf_files_load(name, fixtures, tok, monkeypatch, tmp_path):
 
 
 def test_hydra_config_group():
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
-    with initialize_config_dir(config_dir=str(CONF.parent), version_base=None):
+    with initialize_config_module(config_module="experiments.conf", version_base=None):
         cfg = compose(overrides=["+trace=synthetic", "trace.num_requests=7", "trace.rate=null"])
     tr = load_trace(cfg.trace, vocab_size=1000, max_model_len=4096)
     assert len(tr) == 7 and all(r.arrival_s == 0 for r in tr)
-    assert CONF.parents[1] == PROJECT_ROOT
+    assert CONF.parents[2] == PROJECT_ROOT

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.engine_config import engine_config_from_cfg
 from testbed import LLM, SamplingParams
@@ -12,11 +12,11 @@ from testbed.core.allocators import ALLOCATORS, get_allocator
 from testbed.core.eviction import EVICTION_POLICIES
 from testbed.core.policies import POLICIES, get_policy
 
-CONF = Path(__file__).resolve().parents[3] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "experiments" / "conf"
 
 
 def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 
