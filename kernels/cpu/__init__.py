@@ -4,6 +4,7 @@ The build needs a C++ compiler (g++) and ninja; the result is cached under TORCH
 (default ~/.cache/torch_extensions), so only the first process pays the compile (~45 s on the 2-core Xeon VM).
 """
 
+import fcntl
 import hashlib
 import platform
 import shutil
@@ -37,6 +38,20 @@ def _build_tag() -> str:
     return digest.hexdigest()[:10]
 
 
+def _stable_sources(src: Path) -> list[Path]:
+    """The sources copied into the build folder, so that every checkout of the same kernels (git worktrees,
+    an installed copy) writes the same build.ninja and reuses one build instead of recompiling over the
+    others' (ninja rebuilds when a source's path changes). The folder's name already hashes the contents."""
+    src.mkdir(parents=True, exist_ok=True)
+    for source in Path(__file__).parent.glob("*.[ch]*"):
+        target = src / source.name
+        if not target.exists() or target.read_bytes() != source.read_bytes():
+            tmp = target.with_suffix(target.suffix + ".tmp")
+            tmp.write_bytes(source.read_bytes())
+            tmp.replace(target)
+    return [src / s.name for s in _SOURCES]
+
+
 @cache
 def load() -> float:
     """Compile (once per machine) and load the extension; its ops then live under torch.ops.testbed_cpu.
@@ -55,18 +70,25 @@ def load() -> float:
     if not any(folder.glob("*.so")):  # progress for the one-off compile; an up-to-date build says nothing
         print(f"[testbed] kernel=cpu: compiling its C++ kernels into {folder} (once, ~1 min)", file=sys.stderr)
     start = time.perf_counter()
-    try:
-        build(
-            name=name,
-            sources=[str(s) for s in _SOURCES],
-            extra_include_paths=[str(Path(__file__).parent)],
-            is_python_module=False,
-            extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except (RuntimeError, OSError) as e:
-        raise RuntimeError(f"kernel=cpu: building its C++ kernels failed (use kernel=torch meanwhile): {e}") from e
+    # torch's own build lock is a file that a killed build leaves behind, after which every later process
+    # waits on it forever; an flock dies with its holder, so whoever holds it knows no build is running
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (folder / "lock").unlink(missing_ok=True)
+        sources = _stable_sources(folder / "src")
+        try:
+            build(
+                name=name,
+                sources=[str(s) for s in sources],
+                extra_include_paths=[str(folder / "src")],
+                is_python_module=False,
+                extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+        except (RuntimeError, OSError) as e:
+            raise RuntimeError(f"kernel=cpu: building its C++ kernels failed (use kernel=torch meanwhile): {e}") from e
     seconds = time.perf_counter() - start
     if seconds > 5:
         print(f"[testbed] kernel=cpu: C++ kernels ready after {seconds:.0f} s (cached from now on)", file=sys.stderr)
