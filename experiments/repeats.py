@@ -8,9 +8,10 @@ repeats of one workload would be copies) or when repeat_seeds names a workload s
 measure this machine's noise on the same requests); each repeat's config records the value it ran with.
 Repeat i of two configurations gets the same seeds, so experiments.compare pairs them.
 
-Each repeat builds a fresh engine (the first reuses the one it was given), so nothing carries over between
-them but warm-up effects of the process (first-call costs fall on repeat 0). The run folder is a unit:
-<run dir>/sweep.csv holds its repeats' rows and <run dir>/sweep_ci.csv their intervals
+Each repeat builds a fresh engine (the first run reuses the one it was given), so nothing carries over
+between them but warm-up effects of the process: first-call costs fall on repeat 0 unless
+replay.warmup_runs discards that many runs of repeat 0's configuration first (in <run dir>/warmup<k>/).
+The run folder is a unit: <run dir>/sweep.csv holds its repeats' rows and <run dir>/sweep_ci.csv their intervals
 (experiments.aggregate), so `python -m experiments.compare A B` takes two such folders. Each row is also
 appended to the sweep table a single run would use (results.sweep_table, else the folder above), so a
 multirun's table holds every repeat of every job (its callback writes that table's intervals at the end).
@@ -60,6 +61,14 @@ def repeat_count(cfg) -> int:
     n = 1 if n is None else n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"replay.repeats: must be an integer >= 1, got {n!r}")
+    return n
+
+
+def warmup_count(cfg) -> int:
+    """replay.warmup_runs, checked: discarded runs before the measured ones."""
+    n = _get(cfg, "replay.warmup_runs") or 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"replay.warmup_runs: must be an integer >= 0, got {n!r}")
     return n
 
 
@@ -113,6 +122,10 @@ def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
     configs = repeat_configs(cfg, repeat_count(cfg))
     for stale in (own, run_dir / CI_TABLE):  # a folder run into again holds only the new repeats
         stale.unlink(missing_ok=True)
+    for k in range(warmup_count(cfg)):  # repeat 0's configuration, its row kept in its own folder only
+        c = copy.deepcopy(configs[0])
+        _set(c, "results.sweep_table", str(run_dir / f"warmup{k}" / SWEEP_TABLE))
+        run(c, run_dir / f"warmup{k}")
     summaries = []
     for i, c in enumerate(configs):
         _set(c, "results.sweep_table", str(own))

@@ -40,6 +40,7 @@ REPLAY_KEYS = {
     "repeat_seeds": None,  # a list of config keys (experiments.repeats checks they name integers)
     "redraw_workload": "flag",
     "repeat": "index",
+    "warmup_runs": "index",
 }
 METRICS_KEYS = {"percentiles": None, "kv_access_log": "flag"}  # percentiles: checked in run_settings
 WORKLOAD_KEYS = {"num_prompts": "count", "max_tokens": "count", "temperature": "non-negative"}

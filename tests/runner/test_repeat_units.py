@@ -154,3 +154,28 @@ def test_a_repeat_that_never_started_leaves_no_row(tmp_path, monkeypatch):
         repeats.run_repeats(cfg(*SIM_8B, *SMALL_TRACE, "replay.repeats=3"), tmp_path / "A", run_one=run_one)
     assert calls == ["repeat0", "repeat1"]
     assert list(pd.read_csv(tmp_path / "sweep.csv")["run_dir"]) == ["A/repeat0"]
+
+
+def test_warmup_runs_come_first_and_stay_out_of_the_tables(tmp_path):
+    """replay.warmup_runs=1: one run of repeat 0's configuration first, in warmup0/, then the measured
+    repeats; neither the run folder's table nor the one above holds the warm-up's row."""
+    from experiments import repeats
+    from experiments.runner import run_trace
+
+    from ..cluster.helpers import SIM as SIM_8B
+    from ..cluster.helpers import SMALL_TRACE, cfg
+
+    calls = []
+
+    def run_one(c, d):
+        calls.append((d.name, c.replay.repeat, c.seed))
+        return run_trace(c, d)
+
+    setup = cfg(*SIM_8B, *SMALL_TRACE, "replay.repeats=2", "replay.warmup_runs=1", "seed=7")
+    out = repeats.run_repeats(setup, tmp_path / "A", run_one=run_one)
+    assert calls == [("warmup0", 0, 7), ("repeat0", 0, 7), ("repeat1", 1, 8)]
+    assert out["repeats"] == 2 and (tmp_path / "A" / "warmup0" / "summary.json").exists()
+    assert list(pd.read_csv(tmp_path / "A" / "sweep.csv")["run_dir"]) == ["repeat0", "repeat1"]
+    assert list(pd.read_csv(tmp_path / "sweep.csv")["run_dir"]) == ["A/repeat0", "A/repeat1"]
+    with pytest.raises(ValueError, match="replay.warmup_runs"):
+        repeats.warmup_count(cfg(*SIM_8B, *SMALL_TRACE, "replay.warmup_runs=-1"))
