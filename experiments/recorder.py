@@ -1,7 +1,7 @@
 """Collects what a run measures: one row per request (from RequestOutputs) and per step (from StepStats).
 
 The recorder listens on Engine.step_callbacks for steps; drivers hand it each request they add and every
-RequestOutput the engine returns. Everything is plain Python rows until `requests_frame` / `steps_frame`,
+finished RequestOutput. Everything is plain Python rows until `requests_frame` / `steps_frame`,
 so an interrupted run still has all it measured.
 """
 
@@ -163,8 +163,13 @@ class Recorder:
         for listener in self.listeners:
             listener(row)
 
-    def on_add(self, spec, arrival_time: float) -> None:
+    def on_add(self, spec, arrival_time: float, replica: int | None = None) -> None:
+        """A request sent (replica: where it went; one engine's table has no replica column)."""
         self.requests[spec.request_id] = request_row(spec, arrival_time)
+
+    def on_delivered(self, delivered) -> None:
+        """A finished request from the replay driver (experiments.replay): its output."""
+        self.on_output(delivered.output)
 
     def on_output(self, out) -> None:
         """Record a RequestOutput; only finished ones (including aborts) carry final numbers."""

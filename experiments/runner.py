@@ -279,7 +279,7 @@ def replay_specs(
             "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
             "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
         }
-    replay = (SessionReplay if mode == "sessions" else Replay)(
+    replay = (SessionReplay if mode == "sessions" else Replay).of_engine(
         engine,
         recorder,
         **session_args,

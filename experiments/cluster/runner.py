@@ -20,9 +20,8 @@ from rich.table import Table
 from tqdm.auto import tqdm
 
 from experiments.cluster.recording import ClusterRecorder, cluster_summary
-from experiments.cluster.replay import ClusterReplay
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo
-from experiments.replay import MODES
+from experiments.replay import MODES, Replay
 from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
 from experiments.run_console import print_summary
 from experiments.runner import (
@@ -40,8 +39,8 @@ from experiments.runner import (
     trace_vocab_size,
 )
 from experiments.sessions import is_session_trace, load_sessions, session_report
-from experiments.sessions.cluster_replay import SessionClusterReplay
 from experiments.sessions.metrics import session_summary, turns_table
+from experiments.sessions.replay import SessionReplay
 from experiments.stop_signals import RunInterrupted, StopSignals
 from experiments.traces import RequestSpec, load_trace
 from testbed.cluster.config import ClusterConfig
@@ -175,7 +174,7 @@ def replay_cluster(
             "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
             "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
         }
-    replay = (SessionClusterReplay if mode == "sessions" else ClusterReplay)(
+    replay = (SessionReplay if mode == "sessions" else Replay)(
         cluster,
         recorder,
         **session_args,
@@ -214,7 +213,7 @@ def replay_cluster(
         summary.update(cluster_summary(requests, steps, start, end, roles, slo, percentiles))
         summary.update(cluster.identity())
         tables = {}
-        if isinstance(replay, SessionClusterReplay):
+        if isinstance(replay, SessionReplay):
             tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)
             summary.update(session_summary(tables["turns.parquet"], len(specs), replay.turns_cut))
         if engines is not None:

@@ -16,7 +16,7 @@ from collections import deque
 
 import pandas as pd
 
-from experiments.replay import Replay
+from experiments.replay import INF, Replay
 from experiments.traces import RequestSpec
 
 from .types import Session
@@ -25,9 +25,9 @@ TURN_COLUMNS = ["request_id", "session_id", "turn", "think_s", "new_tokens", "hi
 
 
 class SessionTurns:
-    """The session bookkeeping both drivers share (this one engine, experiments.sessions.cluster_replay): turns
-    waiting for their send time, histories, the turns table. The driver provides submit(spec, t), start_time,
-    max_model_len and calls turn_finished(output) for every finished request."""
+    """The session bookkeeping: turns waiting for their send time, histories, the turns table. The driver
+    provides submit(spec, t), start_time, max_model_len and calls turn_finished(output) for every finished
+    request."""
 
     def init_sessions(self, sessions, max_prompt_tokens=None, max_output_tokens=None) -> None:
         self.max_prompt_tokens = max_prompt_tokens
@@ -135,13 +135,20 @@ class SessionTurns:
 
 
 class SessionReplay(SessionTurns, Replay):
-    def __init__(self, engine, recorder, *, max_prompt_tokens=None, max_output_tokens=None, **kwargs):
-        super().__init__(engine, recorder, **kwargs)
-        self.init_sessions([], max_prompt_tokens, max_output_tokens)
-        self.max_model_len = engine.max_model_len
+    """The session mode of the replay driver, through any replica set (one engine: `of_engine`)."""
 
-    def request_finished(self, out) -> None:
-        self.turn_finished(out, self.engine.clock())
+    def __init__(self, replicas, recorder, *, max_model_len: int, max_prompt_tokens=None, max_output_tokens=None, **kw):
+        super().__init__(replicas, recorder, **kw)
+        self.init_sessions([], max_prompt_tokens, max_output_tokens)
+        self.max_model_len = max_model_len
+
+    @classmethod
+    def of_engine(cls, engine, recorder, **kwargs) -> SessionReplay:
+        kwargs.setdefault("max_model_len", engine.max_model_len)
+        return super().of_engine(engine, recorder, **kwargs)  # type: ignore[return-value]
+
+    def request_finished(self, output) -> None:
+        self.turn_finished(output, self.replicas.now)
 
     def run(self, sessions, mode: str = "sessions", concurrency: int | None = None) -> None:
         if mode != "sessions":
@@ -149,24 +156,14 @@ class SessionReplay(SessionTurns, Replay):
         self.init_sessions(sessions, self.max_prompt_tokens, self.max_output_tokens)
         self.begin(concurrency)
         self.validate(self.first_turn_specs())
-        self.start_time = self.engine.clock()
-        clock, t0 = self.engine.clock, self.start_time
-        while self.sessions_left() or self.engine.has_unfinished():
-            now = clock()
+        self.start_time = self.replicas.now
+        while self.sessions_left() or self.replicas.has_unfinished():
+            now = self.replicas.now
             if self._expired(now):
                 break
             wake = self.send_due(now, concurrency, self.last_finish_time)
-            if self.engine.has_unfinished():
-                self.step(wake)  # nothing is sent before wake unless a turn finishes
-                continue
-            if wake < float("inf"):
-                wait = wake - clock()
-                if self.max_duration_s is not None:
-                    wait = min(wait, t0 + self.max_duration_s - clock())
-                if wait > 0:
-                    self.sleep(wait)
-        if self.timed_out:
-            self.abort_in_flight()
-            self.end_time = self.engine.clock()
-        else:
-            self.end_time = self.last_finish_time if self.last_finish_time is not None else self.engine.clock()
+            if not self.replicas.has_unfinished() and wake == INF:
+                continue  # a turn was cut and its session ended: look again
+            # nothing is sent before wake unless a turn finishes
+            self._take(self.replicas.run_until(min(wake, self._deadline())))
+        self._end()

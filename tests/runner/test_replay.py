@@ -37,6 +37,9 @@ class FakeEngine:
         }
         self.max_in_flight = max(self.max_in_flight, sum(not r["done"] for r in self.reqs.values()))
 
+    def validate(self, prompt_token_ids, params, request_id):
+        """Nothing checked before the run: add_request refuses."""
+
     def has_unfinished(self):
         return any(not r["done"] for r in self.reqs.values())
 
@@ -75,7 +78,7 @@ def specs(arrivals, n_tokens=3, prompt=4):
 
 def replay(engine, **kw):
     rec = Recorder()
-    return Replay(engine, rec, sleep=engine.sleep, **kw), rec
+    return Replay.of_engine(engine, rec, sleep=engine.sleep, **kw), rec
 
 
 def test_offline_all_arrive_at_start():

@@ -35,7 +35,7 @@ def trace():
 def test_http_replay_matches_in_process(one_torch_thread, trace, scrape):
     engine = tiny_engine()
     recorder = Recorder().attach(engine)
-    replay = Replay(engine, recorder)
+    replay = Replay.of_engine(engine, recorder)
     replay.run(trace.requests, mode="open_loop")
     local_df = recorder.requests_frame()
     from experiments.metrics import request_summary

@@ -36,7 +36,7 @@ def replay(sessions, num_blocks=512, executor="real", concurrency=None):
     sim = {"device": "h100-sxm"} if executor == "sim" else None
     engine = Engine(EngineConfig(model="tiny", kernel="torch", block_size=BS, num_blocks=num_blocks, executor=executor,
                                  sim_config=sim, max_num_seqs=8))  # fmt: skip
-    rep = SessionReplay(engine, Recorder().attach(engine), sleep=getattr(engine.clock, "sleep", time.sleep))
+    rep = SessionReplay.of_engine(engine, Recorder().attach(engine), sleep=getattr(engine.clock, "sleep", time.sleep))
     rep.run(sessions, "sessions", concurrency)
     return rep
 
@@ -49,7 +49,7 @@ def test_next_turn_is_history_plus_answer_and_hits_its_full_blocks(executor):
     rows = rep.recorder.requests
     for s in sessions:
         for k in range(1, len(s.turns)):
-            prev, cur = rep.requests[f"{s.session_id}.t{k - 1}"], rep.requests[f"{s.session_id}.t{k}"]
+            prev, cur = rep.replicas.requests[f"{s.session_id}.t{k - 1}"], rep.replicas.requests[f"{s.session_id}.t{k}"]
             history = list(prev.prompt_token_ids) + list(prev.output_token_ids)
             assert list(cur.prompt_token_ids) == history + s.turns[k].new_token_ids
             # the engine computed KV for every history token but the last answer token

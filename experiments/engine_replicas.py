@@ -1,0 +1,88 @@
+"""One engine as a one-replica set, so that the replay driver (experiments.replay) runs it as it runs a
+cluster: `now` is the engine's clock, `run_until(t)` is one Engine.step, or, with nothing to do, sleeping on
+the engine's clock until t (a simulation's sleep is virtual).
+
+A step's horizon is `t`: the driver sends nothing before t unless a request finishes, and Engine.step ends a
+simulated decode run at a finish, so with one replica the caller's `quiet_until` adds nothing. With
+`step_by_step` (a run with a deadline) every step is one step, so the deadline is checked between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.outputs import RequestOutput
+
+INF = float("inf")
+
+
+@dataclass
+class Delivered:
+    """A finished request, as testbed.cluster.simulated.Delivered. output None: the request finished inside
+    an interrupted step and its output never came back; `request` (the engine's Request) has its numbers."""
+
+    replica: int
+    output: RequestOutput | None
+    request: Any = None
+
+
+class EngineReplicas:
+    roles = ["mixed"]
+
+    def __init__(self, engine, *, sleep: Callable[[float], None] = time.sleep, step_by_step: bool = False):
+        self.engine = engine
+        self.sleep = sleep
+        self.step_by_step = step_by_step
+        self.requests: dict[str, Any] = {}  # request id -> the engine's Request (read after an interrupted step)
+        self._unfinished: dict[str, None] = {}  # ids sent and not delivered, in the order sent
+
+    @property
+    def now(self) -> float:
+        return self.engine.clock()
+
+    def validate(self, prompt_token_ids: list[int], params, request_id: str) -> None:
+        self.engine.validate(prompt_token_ids, params, request_id)
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params, arrival_time: float, priority=0) -> int:
+        request = self.engine.add_request(
+            request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority
+        )
+        self.requests[request_id] = request
+        self._unfinished[request_id] = None
+        return 0
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def run_until(self, time: float, quiet_until: float | None = None) -> list[Delivered]:
+        if self.engine.has_unfinished():
+            outputs = self.engine.step(None if self.step_by_step else time)
+            return [self._deliver(out) for out in outputs if out.finished]
+        if time < INF:
+            wait = time - self.engine.clock()
+            if wait > 0:
+                self.sleep(wait)
+        return []
+
+    def _deliver(self, output: RequestOutput) -> Delivered:
+        self._unfinished.pop(output.request_id, None)
+        return Delivered(0, output)
+
+    def abort_all(self) -> list[Delivered]:
+        """Abort every request sent and not delivered (those that finished inside an interrupted step come
+        back with their Request)."""
+        out = []
+        for request_id in list(self._unfinished):
+            try:
+                aborted = self.engine.abort(request_id)
+            except Exception:
+                aborted = None
+            if aborted is not None:
+                out.append(self._deliver(aborted))
+            elif self.requests.get(request_id) is not None:
+                out.append(Delivered(0, None, self.requests[request_id]))
+        self._unfinished.clear()
+        return out
