@@ -36,6 +36,7 @@ import pandas as pd
 
 from experiments.metrics import request_summary
 from experiments.recorder import REQUEST_COLUMNS, request_row, requests_frame
+from experiments.replay import check_mode
 from experiments.traces.types import RequestSpec
 
 COLUMNS = REQUEST_COLUMNS + ["error"]
@@ -134,10 +135,7 @@ async def replay_http_async(
     (`concurrency` in flight, trace order), as experiments.replay's drivers."""
     import httpx
 
-    if mode not in ("offline", "open_loop", "closed_loop"):
-        raise ValueError(f"unknown replay mode {mode!r}; one of offline, open_loop, closed_loop")
-    if mode == "closed_loop" and (not isinstance(concurrency, int) or concurrency < 1):
-        raise ValueError(f"closed-loop replay needs concurrency >= 1, got {concurrency!r}")
+    check_mode(mode, concurrency)
     base = base_url.rstrip("/")
     url = base + ("" if base.endswith("/v1") else "/v1") + "/completions"
     headers = _auth_headers(api_key)

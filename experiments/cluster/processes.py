@@ -1,5 +1,5 @@
 """Real replicas: N engines, one process each (torch.multiprocessing, spawn), each its own model copy,
-and the router in this process. The cluster interface of experiments.cluster.replay, on the monotonic
+and the router in this process. The replica-set interface of experiments.replay, on the monotonic
 clock (CLOCK_MONOTONIC is one clock for every process of a machine, so the replicas' timestamps and the
 driver's arrival times compare directly).
 

@@ -58,15 +58,30 @@ def test_simulated_cluster_is_deterministic(tmp_path):
     assert load(other_seed)[1]["replica"].tolist() != load(first)[1]["replica"].tolist()
 
 
-@pytest.mark.parametrize("mode", ["open_loop", "closed_loop"])
-def test_one_replica_cluster_times_requests_as_the_single_engine_replay(tmp_path, mode):
-    """The event loop adds no time and changes no decision: one replica reproduces the single-engine run."""
-    overrides = [*SIM, *SMALL_TRACE, f"replay={mode}", "replay.concurrency=5"]
-    single = load(run(tmp_path, "single", *overrides, single=True))[1]
-    cluster = load(run(tmp_path, "cluster", *overrides))[1]
-    columns = ["request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time"]
-    pd.testing.assert_frame_equal(single[columns], cluster[columns])
-    assert single["token_times"].map(list).tolist() == cluster["token_times"].map(list).tolist()
+SESSIONS = ["trace=sessions", "replay=sessions", "trace.num_sessions=6", "trace.session_rate=20", "trace.think_s=0.05"]
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        [*SMALL_TRACE, "replay=offline"],
+        [*SMALL_TRACE, "replay=open_loop"],
+        [*SMALL_TRACE, "replay=closed_loop", "replay.concurrency=5"],
+        SESSIONS,
+        [*SESSIONS, "replay.concurrency=2"],
+    ],
+    ids=["offline", "open_loop", "closed_loop", "sessions", "sessions-capped"],
+)
+def test_one_replica_cluster_times_requests_as_the_single_engine_replay(tmp_path, workload):
+    """The event loop adds no time and changes no decision: one replica, driven by the same replay driver,
+    reproduces the single-engine run, request by request and step by step."""
+    overrides = [*SIM, *workload]
+    single = run(tmp_path, "single", *overrides, single=True)
+    cluster = run(tmp_path, "cluster", *overrides)
+    one, many = load(single)[1], load(cluster)[1]
+    pd.testing.assert_frame_equal(one, many.drop(columns="replica"))
+    one_steps, many_steps = (pd.read_parquet(d / "steps.parquet") for d in (single, cluster))
+    pd.testing.assert_frame_equal(one_steps, many_steps.drop(columns=["replica", "role"]))
 
 
 def test_default_config_is_a_single_engine_run(tmp_path):
