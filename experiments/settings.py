@@ -96,16 +96,15 @@ def trace_options(trace: Any) -> dict | None:
     name = trace.get("name")
     if name in ("sessions", "sharegpt_sessions"):
         module = importlib.import_module(f"experiments.sessions.{'synthetic' if name == 'sessions' else 'sharegpt'}")
-        return module.session_options(trace, module.DEFAULTS)
-    if name not in LOADERS and name not in SOURCES:
+        opts = module.session_options(trace, module.DEFAULTS)
+    elif name in LOADERS or name in SOURCES:
+        module = importlib.import_module(f"experiments.traces.{name.removesuffix('_sessions')}")
+        opts = options(trace, module.DEFAULTS)
+    else:
         raise TraceError(f"unknown trace format {name!r}; one of {sorted(LOADERS)}", "trace config", field="name")
-    module = importlib.import_module(f"experiments.traces.{name.removesuffix('_sessions')}")
-    opts = options(trace, module.DEFAULTS)
-    if name == "synthetic":
-        import numpy as np
-
-        for key in ("prompt_len", "output_len"):
-            module.sample_lengths(opts[key], 1, np.random.default_rng(0), key)
+    check = getattr(module, "check", None)  # a format's checks that need no file (rates, counts, lengths)
+    if check is not None:
+        check(opts)
     return opts
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.traces.config import resolve_path
+from experiments.traces.config import check_rate, resolve_path
 from experiments.traces.counter_rng import arrival_times
 from experiments.traces.sharegpt import GPT, HUMAN, _encode, read_conversations
 from experiments.traces.types import TraceError
@@ -55,14 +55,21 @@ def _pairs(conv: list[dict]) -> tuple[list[tuple[str, str]], int]:
     return pairs, skipped + (human is not None)
 
 
-def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> list[Session]:
-    o = session_options(cfg, DEFAULTS)
-    if tokenizer is None:
-        raise TraceError("ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer")
+def check(o: dict) -> None:
+    """What can be checked before the file is read (experiments.settings)."""
     for key in ("max_sessions", "max_turns", "output_len"):
         v = o[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise TraceError(f"must be null or an integer >= 1, got {v!r}", "trace config", field=key)
+    check_rate(o, "rate")
+    think_times(np.random.default_rng(0), 1, o["think_s"], o["think_dist"])
+
+
+def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> list[Session]:
+    o = session_options(cfg, DEFAULTS)
+    check(o)
+    if tokenizer is None:
+        raise TraceError("ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer")
     path = resolve_path(o["path"])
     entries = read_conversations(path)
     rng = np.random.default_rng(o["seed"])

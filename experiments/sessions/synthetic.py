@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.traces.config import plain
+from experiments.traces.config import check_rate, plain
 from experiments.traces.counter_rng import arrival_times
 from experiments.traces.types import TraceError
 
@@ -72,11 +72,22 @@ def think_times(rng: np.random.Generator, n: int, mean: Any, dist: Any) -> np.nd
     return rng.exponential(float(mean), size=n)
 
 
-def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> list[Session]:
-    o = session_options(cfg, DEFAULTS)
+def check(o: dict) -> None:
+    """What can be checked before the run (experiments.settings): counts, ranges, rate, think time."""
     n = o["num_sessions"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise _bad("num_sessions", f"must be an integer >= 1, got {n!r}")
+    for key, minimum in (("turns", 1), ("first_tokens", 1), ("new_tokens", 1), ("output_tokens", 1)):
+        int_range(o[key], key, minimum)
+    int_range(o["system_tokens"], "system_tokens", 0)
+    check_rate(o, "session_rate")
+    think_times(np.random.default_rng(0), 1, o["think_s"], o["think_dist"])
+
+
+def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> list[Session]:
+    o = session_options(cfg, DEFAULTS)
+    check(o)
+    n = o["num_sessions"]
     turns = int_range(o["turns"], "turns", 1)
     first = int_range(o["first_tokens"], "first_tokens", 1)
     new = int_range(o["new_tokens"], "new_tokens", 1)
@@ -86,10 +97,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> list[
     if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low < vocab_size:
         raise _bad("token_low", f"must be an integer in [0, vocab size {vocab_size}), got {low!r}")
     rng = np.random.default_rng(o["seed"])
-    try:
-        starts = arrival_times(rng, n, o["session_rate"], float(o["burstiness"]))
-    except (ValueError, TypeError) as e:
-        raise _bad("session_rate", str(e)) from None
+    starts = arrival_times(rng, n, o["session_rate"], float(o["burstiness"]))
     shared = rng.integers(low, vocab_size, size=system).tolist()
     sessions = []
     for i in range(n):

@@ -97,6 +97,17 @@ def _check_common(o: dict) -> None:
         o["window"] = [float(w[0] or 0.0), None if w[1] is None else float(w[1])]
 
 
+def check_rate(o: dict, key: str) -> None:
+    """A synthesised arrival rate o[key] (per second): null (everything at t=0) or a number > 0 (inf: all at
+    t=0, as null); the gamma shape `burstiness` a finite number > 0."""
+    rate = o[key]
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+        raise _bad(key, f"must be null (every arrival at t=0) or a number > 0 per second, got {rate!r}")
+    b = o["burstiness"]
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf:
+        raise _bad("burstiness", f"must be a finite number > 0, got {b!r}")
+
+
 def resolve_path(path: Any) -> Path:
     """A path as given, else relative to the project root (Hydra may change the cwd)."""
     if path is None or path == "" or path == "???":  # "???": Hydra's unset mandatory value

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .common import Row, finalize, options, resolve_path
+from .config import check_rate
 from .counter_rng import arrival_times
 from .tabular import check_horizon
 from .types import Trace, TraceError
@@ -83,13 +84,20 @@ def parse(path) -> tuple[list, int]:
     return usable, len(entries)
 
 
+def check(opts: dict) -> None:
+    """What can be checked before the file is read (experiments.settings)."""
+    out_len = opts["output_len"]
+    if out_len is not None and (isinstance(out_len, bool) or not isinstance(out_len, int) or out_len < 1):
+        raise TraceError(f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len")
+    check_rate(opts, "rate")
+
+
 def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace:
     opts = options(cfg, DEFAULTS)
+    check(opts)
+    out_len = opts["output_len"]
     if tokenizer is None:
         raise TraceError("ShareGPT needs a tokenizer (prompts are real text)", "trace config", field="tokenizer")
-    out_len = opts["output_len"]
-    if out_len is not None and (not isinstance(out_len, int) or out_len < 1):
-        raise TraceError(f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len")
     path = resolve_path(opts["path"])
     entries, n_entries = parse(path)
     skipped = {
@@ -100,10 +108,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     rng = np.random.default_rng(opts["seed"])
     if opts["shuffle"]:
         entries = [entries[k] for k in rng.permutation(len(entries))]
-    try:
-        arrivals = arrival_times(rng, len(entries), opts["rate"], float(opts["burstiness"]))
-    except (ValueError, TypeError) as e:
-        raise TraceError(str(e), "trace config", field="rate") from None
+    arrivals = arrival_times(rng, len(entries), opts["rate"], float(opts["burstiness"]))
     check_horizon(arrivals, [f"entry {e[0]}" for e in entries], "trace config", "rate", opts["horizon_s"])
     report = {
         "rows_in_file": n_entries,

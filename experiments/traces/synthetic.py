@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .common import Row, finalize, options
-from .config import INT64_MAX
+from .config import INT64_MAX, check_rate
 from .counter_rng import arrival_times, id_list, prefix_tokens, request_tokens
 from .tabular import check_horizon
 from .types import Trace, TraceError
@@ -97,20 +97,24 @@ def _count(opts: dict, key: str, low: int) -> int:
     return v
 
 
-def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace:
-    opts = options(cfg, DEFAULTS)
-    n = _count(opts, "num_requests", 1)
+def check(opts: dict) -> None:
+    """What can be checked before the run (experiments.settings): counts, rate, length specs."""
+    _count(opts, "num_requests", 1)
     groups, plen = _count(opts, "prefix_groups", 0), _count(opts, "prefix_len", 0)
     if (groups > 0) != (plen > 0):
         raise _bad("prefix_groups", "prefix_groups and prefix_len must both be > 0 or both 0")
+    check_rate(opts, "rate")
+    for key in ("prompt_len", "output_len"):
+        sample_lengths(opts[key], 1, np.random.default_rng(0), key)
+
+
+def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace:
+    opts = options(cfg, DEFAULTS)
+    check(opts)
+    n, groups, plen = opts["num_requests"], opts["prefix_groups"], opts["prefix_len"]
     # Independent streams so changing e.g. the output spec does not move the arrivals.
     r_arr, r_in, r_out, r_grp = (np.random.default_rng([opts["seed"], k]) for k in range(4))
-    if opts["rate"] is not None and not isinstance(opts["rate"], bool) and opts["rate"] == 0:
-        raise _bad("rate", "must be > 0 requests/s (null: every request at t=0), got 0")
-    try:
-        arrivals = arrival_times(r_arr, n, opts["rate"], float(opts["burstiness"]))
-    except (ValueError, TypeError) as e:
-        raise _bad("rate", str(e)) from None
+    arrivals = arrival_times(r_arr, n, opts["rate"], float(opts["burstiness"]))
     check_horizon(arrivals, [f"request {i}" for i in range(n)], "trace config", "rate", opts["horizon_s"])
     own = sample_lengths(opts["prompt_len"], n, r_in, "prompt_len")
     out = sample_lengths(opts["output_len"], n, r_out, "output_len")

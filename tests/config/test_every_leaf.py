@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from experiments.settings import run_settings
+from experiments.traces import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "experiments" / "conf"
@@ -289,6 +290,26 @@ def test_unknown_keys_and_bad_values_are_refused_naming_the_key():
     ]:
         with pytest.raises(Exception, match=key.replace(".", r"\.")):
             run_settings(composed("executor=sim", "device=h100-sxm", "model=tiny", override))
+
+
+def test_bad_trace_values_are_refused_before_the_run_naming_the_key():
+    """What a trace loader would refuse and needs no file is refused by run_settings, before an engine."""
+    for overrides, key in [
+        (("trace=synthetic", "trace.rate=0"), "rate"),
+        (("trace=synthetic", "trace.rate=-2"), "rate"),
+        (("trace=synthetic", "trace.burstiness=0"), "burstiness"),
+        (("trace=synthetic", "trace.num_requests=0"), "num_requests"),
+        (("trace=sharegpt_synthetic", "trace.rate=0"), "rate"),
+        (("trace=sharegpt", "trace.rate=0"), "rate"),
+        (("trace=sharegpt", "trace.output_len=0"), "output_len"),
+        (("trace=sessions", "trace.session_rate=0"), "session_rate"),
+        (("trace=sessions", "trace.think_s=-1"), "think_s"),
+        (("trace=sessions", "trace.turns=0"), "turns"),
+        (("trace=sharegpt_sessions", "trace.rate=0"), "rate"),
+        (("trace=sharegpt_sessions", "trace.max_turns=0"), "max_turns"),
+    ]:
+        with pytest.raises(TraceError, match=f"field '{key}'"):
+            run_settings(composed(*overrides))
 
 
 def test_value_forms_the_docs_give_are_plain_overrides():
