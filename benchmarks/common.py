@@ -1,18 +1,14 @@
-"""Shared bits of the benchmark scripts: result files; what machine a result came from and its table are
-experiments.environment's (re-exported here)."""
+"""Shared bits of the benchmark scripts: result files; what machine a result came from, its table and
+write_json are experiments' (re-exported here)."""
 
-import json
 from pathlib import Path
 
 from experiments.atomic import atomic_write_text
 from experiments.environment import cpu_name, environment, git_commit, load_average, markdown_table
+from experiments.results import write_json
 
 __all__ = ["FULL_AZURE", "cpu_name", "environment", "git_commit", "load_average", "markdown_table", "publish"]
 __all__ += ["write_json"]
-
-
-def write_json(path: Path, data) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, default=str))  # a result file is whole or absent
 
 
 def publish(out: Path, stem: str, md: str, env: dict, data: dict) -> None:

@@ -11,10 +11,10 @@ it prints one line saying so and exits 0.
 """
 
 import argparse
-import math
 from pathlib import Path
 
 from benchmarks.common import environment, load_average, markdown_table, publish
+from experiments.stats import ci95
 
 
 def run_round(llm, prompts, params) -> tuple[float, list]:
@@ -23,17 +23,6 @@ def run_round(llm, prompts, params) -> tuple[float, list]:
     llm.engine.step_callbacks[:] = [lambda s: steps.append(s.duration_s)]
     outs = llm.generate(prompts, params)
     return 1e3 * sum(steps) / len(steps), [o.outputs[0].token_ids for o in outs]
-
-
-def ci95(values: list[float]) -> tuple[float, float]:
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
 
 
 def main(argv=None) -> None:

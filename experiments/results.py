@@ -37,9 +37,7 @@ SWEEP_TABLE = "sweep.csv"
 def _json_default(obj):
     if hasattr(obj, "item"):  # numpy scalars
         return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    return str(obj)  # a Path, a dtype, ...: a result file is written whole rather than lost
 
 
 def _clean(obj):

@@ -106,6 +106,17 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return mean - half, mean + half
 
 
+def ci95(values) -> tuple[float, float]:
+    """(mean, half-width of the 95% t interval) of the finite values, None and NaN left out; the
+    half-width is NaN for a single value, both NaN for none."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return math.nan, math.nan
+    low, high = t_interval(v)
+    return float(v.mean()), (high - low) / 2
+
+
 def t_test(diffs: Sequence[float]) -> tuple[float, float, int]:
     """(p, standard error, degrees of freedom) of the mean of paired differences (two-sided, H0: 0)."""
     from scipy import stats

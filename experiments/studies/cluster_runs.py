@@ -3,12 +3,12 @@ that is stopped resumes where it was), and 95% confidence intervals over repeats
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+
+from experiments.stats import ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 # the full traces, beside the checkout (or beside its worktree folder): nothing needs them
@@ -65,18 +65,6 @@ class RunTable:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
-
-
-def ci95(values) -> tuple[float, float]:
-    """(mean, half-width of the 95% t interval); half-width NaN for a single value."""
-    from scipy import stats
-
-    v = np.asarray([x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))], float)
-    if v.size == 0:
-        return math.nan, math.nan
-    if v.size == 1:
-        return float(v[0]), math.nan
-    return float(v.mean()), float(stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
 def summarize_repeats(frame: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:

@@ -29,18 +29,16 @@ Writes savings.csv, runs.csv, README.md and savings.png in --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from experiments.environment import environment
+from experiments.results import write_json
+from experiments.stats import ci95
 from experiments.traces.synthetic import sample_lengths
 from testbed import Engine, EngineConfig, SamplingParams
 
@@ -132,14 +130,6 @@ def run(system: str, n: int, w: Workload) -> dict:
     }
 
 
-def ci95(values) -> tuple[float, float]:
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2:
-        return float(values.mean()), float("nan")
-    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return float(values.mean()), float(half)
-
-
 def measure(repeats: int, num_requests: int) -> pd.DataFrame:
     """Lognormal lengths, `repeats` workloads each; then the lengths fixed at the means (one workload: only
     the arrival times would change between repeats, and without queueing they do not change the memory)."""
@@ -187,32 +177,13 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def environment() -> dict:
-    def git(*args):
-        try:
-            return subprocess.check_output(["git", *args], text=True).strip()
-        except Exception:
-            return None
-
-    import torch
-
-    return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "load_avg": os.getloadavg(),
-    }
-
-
 def markdown(summary: pd.DataFrame, env: dict, args) -> str:
     lines = [
         "# Parallel sampling: memory saved by sharing the prompt's KV blocks (PagedAttention Fig. 15)",
         "",
         f"`python -m experiments.studies.parallel_sampling --repeats {args.repeats} --requests {args.requests}`",
-        f"({env['date']}, commit {env['commit']}, {env['machine']}, torch {env['torch']}, load average "
-        f"{', '.join(f'{x:.1f}' for x in env['load_avg'])}; memory counts do not depend on the load).",
+        f"({env['date']}, commit {env['git']}, {env['cpu']}, torch {env['torch']}, load average "
+        f"{env['load_average']}; memory counts do not depend on the load).",
         "",
         "Saving = blocks saved by sharing / blocks without sharing, over the whole run (block-steps); mean and "
         "95% t-interval over repeats (fresh workload each). `in_run`: the fork run's blocks in use vs the blocks "
@@ -274,7 +245,7 @@ def main(argv=None) -> None:
     summary = summarise(runs)
     runs.to_csv(out / "runs.csv", index=False, float_format="%.5f")
     summary.to_csv(out / "savings.csv", index=False, float_format="%.5f")
-    (out / "environment.json").write_text(json.dumps({**env, "args": vars(args)}, indent=2))
+    write_json(out / "environment.json", {**env, "args": vars(args)})
     plot(summary, out / "savings.png")
     md = markdown(summary, env, args)
     (out / "table.md").write_text(md)
