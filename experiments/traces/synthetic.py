@@ -99,10 +99,8 @@ def _count(opts: dict, key: str, low: int) -> int:
 
 def check(opts: dict) -> None:
     """What can be checked before the run (experiments.settings): counts, rate, length specs."""
-    _count(opts, "num_requests", 1)
-    groups, plen = _count(opts, "prefix_groups", 0), _count(opts, "prefix_len", 0)
-    if (groups > 0) != (plen > 0):
-        raise _bad("prefix_groups", "prefix_groups and prefix_len must both be > 0 or both 0")
+    for key, low in (("num_requests", 1), ("prefix_groups", 0), ("prefix_len", 0)):
+        _count(opts, key, low)
     check_rate(opts, "rate")
     for key in ("prompt_len", "output_len"):
         sample_lengths(opts[key], 1, np.random.default_rng(0), key)
@@ -112,6 +110,8 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
     opts = options(cfg, DEFAULTS)
     check(opts)
     n, groups, plen = opts["num_requests"], opts["prefix_groups"], opts["prefix_len"]
+    if (groups > 0) != (plen > 0):  # the pair is checked on load; each key alone in check()
+        raise _bad("prefix_groups", "prefix_groups and prefix_len must both be > 0 or both 0")
     # Independent streams so changing e.g. the output spec does not move the arrivals.
     r_arr, r_in, r_out, r_grp = (np.random.default_rng([opts["seed"], k]) for k in range(4))
     arrivals = arrival_times(r_arr, n, opts["rate"], float(opts["burstiness"]))
