@@ -13,7 +13,8 @@ Per configuration and numeric summary metric (sweep_ci.csv, one row each):
     ci_low, ci_high   95% confidence interval, by `method`:
       t               several runs: Student t over the runs (run-to-run variation: the machine's, and the
                       workload's when replay.redraw_workload). For a latency percentile it covers the
-                      mean over runs of each run's percentile, the reported mean.
+                      mean over runs of each run's percentile, the reported mean. Cut to the metric's
+                      range (shares to [0, 1], times and rates to >= 0), which keeps its coverage.
       order statistic one run, latency percentile (pNN / median of ttft, tpot, e2el): the distribution-free
                       interval of the percentile from the run's requests (experiments.stats.
                       quantile_interval), treating them as independent draws; it covers which requests
@@ -60,6 +61,9 @@ INFO_COLUMNS += ("replay.repeat", "replay.repeats", "replay.repeat_seeds", "repl
 NOT_METRICS = ("start_time", "end_time", "num_requests", "num_sent", "job_num", "repeat", "seed")
 SAMPLED = ("ttft", "tpot", "e2el")  # per-request latencies: one draw per request
 PERCENTILE = re.compile(r"^(median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
+# metrics that are shares of a whole, in [0, 1], and those that cannot be negative (times, rates, counts)
+SHARE = re.compile(r"(attainment|utilization|^frag_|hit_rate|_fraction$|acceptance_rate|_share$)")
+NON_NEGATIVE = re.compile(r"(_ms$|_s$|throughput|goodput|_per_s$|tokens|^num_|_batch_size$|completed)")
 
 
 # ---- which runs are one configuration ---------------------------------------------------------------
@@ -138,11 +142,22 @@ def aggregate(table: pd.DataFrame, base_dir: Path | None = None) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def within_range(metric: str, lo: float, hi: float) -> tuple[float, float]:
+    """The t interval cut to the values the metric can take (a share's [0, 1], a time's [0, inf)): the true
+    value lies in the range, so it lies in the cut interval exactly when it lies in the uncut one, and the
+    coverage is unchanged; a t interval of an SLO attainment near 1 otherwise reaches past 1."""
+    if SHARE.search(metric):
+        return max(lo, 0.0), min(hi, 1.0)
+    if NON_NEGATIVE.search(metric):
+        return max(lo, 0.0), hi
+    return lo, hi
+
+
 def interval(metric: str, values: np.ndarray, samples: dict[str, np.ndarray] | None) -> dict:
     """ci_low, ci_high, method and note of one metric of one configuration (module doc)."""
     out = {"ci_low": math.nan, "ci_high": math.nan, "method": "", "note": ""}
     if values.size > 1:
-        out["ci_low"], out["ci_high"] = t_interval(values, LEVEL)
+        out["ci_low"], out["ci_high"] = within_range(metric, *t_interval(values, LEVEL))
         out["method"] = "t"
         if np.all(values == values[0]):
             out["note"] = f"{values.size} identical runs: no variation measured"

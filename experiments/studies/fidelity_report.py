@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from experiments.aggregate import within_range
 from experiments.stats import t_interval
 
 METRICS = (
@@ -52,7 +53,7 @@ def figures(runs: pd.DataFrame) -> pd.DataFrame:
         for metric in METRICS:
             values = group[metric].to_numpy(dtype=float)
             mean = float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
-            lo, hi = t_interval(values)
+            lo, hi = within_range(metric, *t_interval(values))
             for sim in sims.itertuples():
                 value = float(getattr(sim, metric))
                 err = (value - mean) / mean if mean else math.nan

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.aggregate import within_range
 from experiments.atomic import atomic_write_text
 from experiments.environment import markdown_table
 from experiments.runner import run_trace
@@ -70,7 +71,7 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     for (tokens, seqs), g in runs.groupby(["max_num_batched_tokens", "max_num_seqs"]):
         row = {"max_num_batched_tokens": tokens, "max_num_seqs": seqs, "windows": len(g)}
         for m in METRICS:
-            lo, hi = t_interval(g[m])
+            lo, hi = within_range(m, *t_interval(g[m]))
             row |= {m: g[m].mean(), f"{m}_ci_low": lo, f"{m}_ci_high": hi}
         rows.append(row)
     return pd.DataFrame(rows)

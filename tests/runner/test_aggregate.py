@@ -33,6 +33,26 @@ def test_aggregate_groups_repeats_and_bounds_the_mean(tmp_path):
     assert {"p99_ttft_ms", "p99_ttft_ms_ci_low", "p99_ttft_ms_ci_high", "n"} <= set(w.columns)
 
 
+def test_intervals_stay_within_what_the_metric_can_take():
+    """An SLO attainment of 1, 1, 0.8 has a t interval past 1 and a short latency one below 0: both are cut
+    to the metric's range, where the true value lies, so the cut interval covers it exactly as often."""
+    import numpy as np
+
+    from experiments.aggregate import interval
+    from experiments.stats import t_interval
+
+    shares = np.array([1.0, 1.0, 0.8])
+    assert t_interval(shares, 0.95)[1] > 1
+    share = interval("slo_attainment", shares, None)
+    assert share["ci_high"] == 1.0 and share["ci_low"] == pytest.approx(t_interval(shares, 0.95)[0])
+    times = np.array([0.1, 0.1, 5.0])
+    assert t_interval(times, 0.95)[0] < 0
+    assert interval("mean_ttft_ms", times, None)["ci_low"] == 0.0
+    assert interval("prefix_hit_rate", np.array([0.0, 0.0, 0.3]), None)["ci_low"] == 0.0
+    unbounded = np.array([-1.0, 1.0, 3.0])
+    assert interval("some_difference", unbounded, None)["ci_low"] == pytest.approx(t_interval(unbounded, 0.95)[0])
+
+
 def test_one_run_gets_order_statistic_intervals_or_says_why_not(tmp_path):
     """A single run: latency percentiles get the distribution-free interval from its requests, or a note
     when there are too few of them; run-level metrics and ITL percentiles get none, with the reason."""
