@@ -36,8 +36,7 @@ class EngineReplicas:
         self.engine = engine
         self.sleep = sleep
         self.step_by_step = step_by_step
-        self.requests: dict[str, Any] = {}  # request id -> the engine's Request (read after an interrupted step)
-        self._unfinished: dict[str, None] = {}  # ids sent and not delivered, in the order sent
+        self.requests: dict[str, Any] = {}  # request id -> the engine's Request, in the order sent
 
     @property
     def now(self) -> float:
@@ -51,7 +50,6 @@ class EngineReplicas:
             request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority
         )
         self.requests[request_id] = request
-        self._unfinished[request_id] = None
         return 0
 
     def has_unfinished(self) -> bool:
@@ -60,29 +58,24 @@ class EngineReplicas:
     def run_until(self, time: float, quiet_until: float | None = None) -> list[Delivered]:
         if self.engine.has_unfinished():
             outputs = self.engine.step(None if self.step_by_step else time)
-            return [self._deliver(out) for out in outputs if out.finished]
+            return [Delivered(0, out) for out in outputs if out.finished]
         if time < INF:
             wait = time - self.engine.clock()
             if wait > 0:
                 self.sleep(wait)
         return []
 
-    def _deliver(self, output: RequestOutput) -> Delivered:
-        self._unfinished.pop(output.request_id, None)
-        return Delivered(0, output)
-
     def abort_all(self) -> list[Delivered]:
-        """Abort every request sent and not delivered (those that finished inside an interrupted step come
-        back with their Request)."""
+        """Abort every request still in the engine; every other request sent comes back with its Request, for
+        the caller to record if its output never reached it (an interrupted step, or an interrupted caller)."""
         out = []
-        for request_id in list(self._unfinished):
+        for request_id, request in self.requests.items():
             try:
                 aborted = self.engine.abort(request_id)
             except Exception:
                 aborted = None
             if aborted is not None:
-                out.append(self._deliver(aborted))
-            elif self.requests.get(request_id) is not None:
-                out.append(Delivered(0, None, self.requests[request_id]))
-        self._unfinished.clear()
+                out.append(Delivered(0, aborted))
+            elif request is not None:
+                out.append(Delivered(0, None, request))
         return out

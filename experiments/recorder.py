@@ -214,6 +214,11 @@ class Recorder:
     def num_finished(self) -> int:
         return sum(1 for r in self.requests.values() if r["finish_reason"] is not None)
 
+    def is_in_flight(self, request_id: str) -> bool:
+        """Sent, and nothing final recorded for it yet."""
+        row = self.requests.get(request_id)
+        return row is not None and row["finish_reason"] is None
+
     def in_flight(self) -> list[str]:
         return [rid for rid, r in self.requests.items() if r["finish_reason"] is None]
 

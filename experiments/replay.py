@@ -107,8 +107,9 @@ class Replay:
         """Record finished requests; returns how many."""
         n = 0
         for d in delivered:
-            if d.output is None:  # finished inside an interrupted step: its numbers are on the Request
-                self.recorder.on_request(d.request, self.replicas.now)
+            if d.output is None:  # no output (aborting): if none reached the recorder, read the Request
+                if self.recorder.is_in_flight(d.request.request_id):
+                    self.recorder.on_request(d.request, self.replicas.now)
                 continue
             n += 1
             self.recorder.on_delivered(d)
