@@ -273,34 +273,19 @@ def replay_specs(
             bar.set_postfix(run=row["num_running"], wait=row["num_waiting"], kv=f"{row['kv_usage']:.0%}", refresh=False)
 
     recorder.listeners.append(on_step)
-    session_args = {}
-    if mode == "sessions":  # specs are experiments.sessions.Session
-        session_args = {
-            "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
-            "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
-        }
     replay = (SessionReplay if mode == "sessions" else Replay).of_engine(
         engine,
         recorder,
-        **session_args,
+        **session_options(replay_cfg, mode),
         temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
         max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
         on_finish=lambda _row: bar.update(1),
         sleep=getattr(engine.clock, "sleep", time.sleep),  # a simulation's idle time is virtual
         source=source,
     )
-    interrupted, error = False, None
     with StopSignals() as stops:
         try:
-            replay.run(specs, mode, replay_cfg.get("concurrency"))
-            stops.defer()  # from here on a signal waits until the results are written
-        except (KeyboardInterrupt, Exception) as e:
-            stops.defer()
-            if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
-                raise  # rejected before anything ran: nothing to keep
-            interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
-            replay.abort_in_flight()  # keep what was measured: abort the rest, write it all
-            replay.end_time = engine.clock()
+            interrupted, error = drive(replay, specs, mode, replay_cfg.get("concurrency"), stops)
         finally:
             bar.close()
             recorder.detach()
@@ -318,9 +303,7 @@ def replay_specs(
         summary.update(executor_summary(engine))
         summary.update(kv_reuse_summary(engine))
         tables = {} if access_log is None else {ACCESS_FILE: access_frame(access_log)}
-        if isinstance(replay, SessionReplay):
-            tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)
-            summary.update(session_summary(tables["turns.parquet"], len(specs), replay.turns_cut))
+        tables.update(session_tables(replay, requests, summary, len(specs)))
         readings = getattr(engine.clock, "readings", None)  # a RecordingClock's (real runs)
         write_run(
             run_dir,
@@ -333,15 +316,7 @@ def replay_specs(
             tables=tables,
         )
         _mark_late_signal(summary, stops, run_dir)  # a signal during the write: the summary says so
-        table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
-        info = {
-            "run_dir": _relative(run_dir, Path(table).parent),
-            "job_num": hydra.get("job_num"),
-            "overrides": " ".join(hydra.get("overrides", [])),
-        }
-        info.update({col: config_value(cfg, col) for col in SWEEP_COLUMNS})
-        info.update(_override_columns(cfg, hydra.get("overrides", [])))
-        append_sweep_row(Path(table), sweep_row(summary, info))
+        append_run_row(cfg, run_dir, summary, hydra, SWEEP_COLUMNS)
         wandb.finish(summary, requests, exit_code=1 if interrupted else 0)
         _mark_late_signal(summary, stops, run_dir)
     if not quiet:
@@ -351,6 +326,54 @@ def replay_specs(
     if interrupted or stops.hits:
         raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
     return summary
+
+
+def session_options(replay_cfg: dict, mode: str) -> dict:
+    """The session driver's length caps (replay=sessions); nothing for the other modes."""
+    if mode != "sessions":
+        return {}
+    return {
+        "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
+        "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
+    }
+
+
+def drive(replay: Replay, specs: list, mode: str, concurrency, stops: StopSignals) -> tuple[bool, Exception | None]:
+    """Run the replay; returns (interrupted, error). A failure or a signal after the start aborts what is in
+    flight and keeps what was measured; from the end of the run a signal waits until the results are written."""
+    try:
+        replay.run(specs, mode, concurrency)
+    except (KeyboardInterrupt, Exception) as e:
+        stops.defer()
+        if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
+            raise  # rejected before anything ran: nothing to keep
+        replay.abort_in_flight()
+        replay.end_time = replay.replicas.now
+        return (True, None) if isinstance(e, KeyboardInterrupt) else (False, e)
+    stops.defer()
+    return False, None
+
+
+def session_tables(replay: Replay, requests: pd.DataFrame, summary: dict, num_sessions: int) -> dict:
+    """A session replay's turns table (turns.parquet), its keys added to the summary; nothing otherwise."""
+    if not isinstance(replay, SessionReplay):
+        return {}
+    turns = turns_table(replay.turns_frame(), requests)
+    summary.update(session_summary(turns, num_sessions, replay.turns_cut))
+    return {"turns.parquet": turns}
+
+
+def append_run_row(cfg, run_dir: Path, summary: dict, hydra: dict, columns) -> None:
+    """The run's row in the sweep table: where it is, how it was launched, `columns` and the overridden keys."""
+    table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
+    info = {
+        "run_dir": _relative(run_dir, Path(table).parent),
+        "job_num": hydra.get("job_num"),
+        "overrides": " ".join(hydra.get("overrides", [])),
+    }
+    info.update({col: config_value(cfg, col) for col in columns})
+    info.update(_override_columns(cfg, hydra.get("overrides", [])))
+    append_sweep_row(Path(table), sweep_row(summary, info))
 
 
 def _mark_late_signal(summary: dict, stops: StopSignals, run_dir: Path) -> None:

@@ -22,24 +22,25 @@ from tqdm.auto import tqdm
 from experiments.cluster.recording import ClusterRecorder, cluster_summary
 from experiments.metrics import DEFAULT_PERCENTILES, check_slo
 from experiments.replay import MODES, Replay
-from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+from experiments.results import write_run
 from experiments.run_console import print_summary
 from experiments.runner import (
     SWEEP_COLUMNS,
     _hydra_info,
-    _override_columns,
     _positive,
-    _relative,
+    append_run_row,
     apply_length_policy,
     check_session_config,
     config_value,
+    drive,
     executor_summary,
     run_summary,
+    session_options,
+    session_tables,
     spec_summary,
     trace_vocab_size,
 )
 from experiments.sessions import is_session_trace, load_sessions, session_report
-from experiments.sessions.metrics import session_summary, turns_table
 from experiments.sessions.replay import SessionReplay
 from experiments.stop_signals import RunInterrupted, StopSignals
 from experiments.traces import RequestSpec, load_trace
@@ -167,13 +168,9 @@ def replay_cluster(
         disable=quiet or not config_value(cfg, "progress", True),
         file=sys.stderr,
     )
-    session_args = {}
-    if mode == "sessions":  # specs are experiments.sessions.Session
-        session_args = {
-            "max_model_len": max_model_len,
-            "max_prompt_tokens": _positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
-            "max_output_tokens": _positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
-        }
+    session_args = session_options(replay_cfg, mode)
+    if session_args:  # specs are experiments.sessions.Session
+        session_args["max_model_len"] = max_model_len
     replay = (SessionReplay if mode == "sessions" else Replay)(
         cluster,
         recorder,
@@ -183,18 +180,9 @@ def replay_cluster(
         on_finish=lambda _row: bar.update(1),
         source=source,
     )
-    interrupted, error = False, None
     with StopSignals() as stops:
         try:
-            replay.run(specs, mode, replay_cfg.get("concurrency"))
-            stops.defer()
-        except (KeyboardInterrupt, Exception) as e:
-            stops.defer()
-            if not isinstance(e, KeyboardInterrupt) and replay.start_time is None:
-                raise
-            interrupted, error = isinstance(e, KeyboardInterrupt), None if isinstance(e, KeyboardInterrupt) else e
-            replay.abort_in_flight()
-            replay.end_time = cluster.now
+            interrupted, error = drive(replay, specs, mode, replay_cfg.get("concurrency"), stops)
         finally:
             bar.close()
             recorder.detach()
@@ -212,10 +200,7 @@ def replay_cluster(
         )  # fmt: skip
         summary.update(cluster_summary(requests, steps, start, end, roles, slo, percentiles))
         summary.update(cluster.identity())
-        tables = {}
-        if isinstance(replay, SessionReplay):
-            tables["turns.parquet"] = turns_table(replay.turns_frame(), requests)
-            summary.update(session_summary(tables["turns.parquet"], len(specs), replay.turns_cut))
+        tables = session_tables(replay, requests, summary, len(specs))
         if engines is not None:
             summary.update(spec_summary(engines[0]))
             summary.update(executor_summary(engines[0]))
@@ -233,15 +218,7 @@ def replay_cluster(
             trace_report=trace_report,
             tables=tables,
         )
-        table = config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE
-        info = {
-            "run_dir": _relative(run_dir, Path(table).parent),
-            "job_num": hydra.get("job_num"),
-            "overrides": " ".join(hydra.get("overrides", [])),
-        }
-        info.update({col: config_value(cfg, col) for col in SWEEP_COLUMNS + CLUSTER_SWEEP_COLUMNS})
-        info.update(_override_columns(cfg, hydra.get("overrides", [])))
-        append_sweep_row(Path(table), sweep_row(summary, info))
+        append_run_row(cfg, run_dir, summary, hydra, SWEEP_COLUMNS + CLUSTER_SWEEP_COLUMNS)
     if not quiet:
         print_summary(summary, engines[0] if engines is not None else cluster.description, run_dir)
     if not quiet:
