@@ -16,6 +16,7 @@ exits with 128 + the signal number. An exception during the replay is handled th
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import signal
 import sys
@@ -284,6 +285,8 @@ def replay_specs(
         source=source,
     )
     with StopSignals() as stops:
+        # in run.log (Hydra's job log): from here a stop signal keeps what was measured
+        logging.getLogger(__name__).info("replaying %d requests (%s) into %s", len(specs), mode, run_dir)
         try:
             interrupted, error = drive(replay, specs, mode, replay_cfg.get("concurrency"), stops)
         finally:
