@@ -1,7 +1,7 @@
 """Checks on a constraint before it is compiled (cheap, no tokenizer): its size against
 `structured_outputs.max_grammar_bytes`, a regex's empty or anchor-broken language, a JSON schema's
-unsupported or unsatisfiable parts (schema_check.py). A grammar whose language is empty is found after
-compiling, by GrammarBackend.check."""
+unsupported or unsatisfiable parts (schema_check.py). A grammar whose language is empty or holds no
+finite output is found after compiling (GrammarBackend, productive.py)."""
 
 from __future__ import annotations
 

@@ -26,12 +26,14 @@ import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 
 import torch
 
 from testbed.structured.constraint_check import check_constraint
 from testbed.structured.limits import StructuredOutputsConfig
 from testbed.structured.params import StructuredOutputError, StructuredOutputsParams
+from testbed.structured.productive import never_finishing_rules
 
 
 def _import_xgrammar():
@@ -152,9 +154,12 @@ class GrammarBackend:
             raise self._timeout_error(params) from None
 
     def _compile_checked(self, params: StructuredOutputsParams):
-        """In a worker: compile, refuse an empty language, keep the result on params."""
+        """In a worker: refuse a language with no finite output, compile, refuse an empty language, keep the
+        result on params."""
         xgr, compiler = self._ensure_compiler()
-        compiled = self._compile_now(compiler, params)
+        with _as_constraint_error(params):
+            _refuse_endless(xgr, params)
+            compiled = self._compile_now(compiler, params)
         matcher = xgr.GrammarMatcher(compiled)
         mask = xgr.allocate_token_bitmask(1, self.vocab_size)
         matcher.fill_next_token_bitmask(mask, 0)
@@ -169,20 +174,15 @@ class GrammarBackend:
     def _compile_now(compiler, params: StructuredOutputsParams):
         any_ws = not params.disable_any_whitespace
         ws = {"any_whitespace": any_ws, "max_whitespace_cnt": params.max_whitespace if any_ws else None}
-        try:
-            if params.json is not None:
-                return compiler.compile_json_schema(json.dumps(params.json), **ws)
-            if params.json_object:
-                return compiler.compile_json_schema('{"type": "object"}', **ws)
-            if params.regex is not None:
-                return compiler.compile_regex(params.regex)
-            if params.choice is not None:
-                return compiler.compile_grammar(choice_grammar(params.choice))
-            return compiler.compile_grammar(params.grammar)
-        except RuntimeError as e:  # xgrammar reports every parse/convert failure this way
-            raise StructuredOutputError(f"invalid {params.kind} constraint: {_reason(e)}") from e
-        except RecursionError:
-            raise StructuredOutputError(f"the {params.kind} constraint is nested too deeply") from None
+        if params.json is not None:
+            return compiler.compile_json_schema(json.dumps(params.json), **ws)
+        if params.json_object:
+            return compiler.compile_json_schema('{"type": "object"}', **ws)
+        if params.regex is not None:
+            return compiler.compile_regex(params.regex)
+        if params.choice is not None:
+            return compiler.compile_grammar(choice_grammar(params.choice))
+        return compiler.compile_grammar(params.grammar)
 
     def check(self, params: StructuredOutputsParams) -> None:
         """Compile (or find compiled) and refuse an empty language: StructuredOutputError."""
@@ -203,6 +203,36 @@ class GrammarBackend:
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """Set to -inf, in place, every logit a row's grammar forbids."""
         self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+
+def _refuse_endless(xgr, params: StructuredOutputsParams) -> None:
+    """A grammar or regex whose language holds no finite string would generate until max_tokens. Checked on
+    xgrammar's uncompiled grammar (small: no automata yet), before the compile is paid for. JSON schemas:
+    schema_check.py refuses their unavoidable $ref cycles; a choice is a finite list."""
+    if params.grammar is not None:
+        source = xgr.Grammar.from_ebnf(params.grammar)
+    elif params.regex is not None:
+        source = xgr.Grammar.from_regex(params.regex)
+    else:
+        return
+    endless = never_finishing_rules(source)
+    if endless:
+        names = ", ".join(endless[:5]) + (", ..." if len(endless) > 5 else "")
+        raise StructuredOutputError(
+            f"the {params.kind} constraint cannot be satisfied by any finite output: "
+            f"rule{'s' if len(endless) > 1 else ''} {names} never end (each of their alternatives needs a rule "
+            "that never ends), so generation would run until max_tokens"
+        )
+
+
+@contextmanager
+def _as_constraint_error(params: StructuredOutputsParams):
+    try:
+        yield
+    except RuntimeError as e:  # xgrammar reports every parse/convert failure this way
+        raise StructuredOutputError(f"invalid {params.kind} constraint: {_reason(e)}") from e
+    except RecursionError:
+        raise StructuredOutputError(f"the {params.kind} constraint is nested too deeply") from None
 
 
 def _reason(error: Exception) -> str:

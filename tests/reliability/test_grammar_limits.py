@@ -47,6 +47,8 @@ REFUSED = [
     (dict(regex=""), "empty"),
     (dict(regex="^$"), "empty"),
     (dict(grammar='root ::= a\na ::= a "x"'), "cannot be satisfied"),
+    (dict(grammar='root ::= "x" a\na ::= "y" a'), "any finite output: rules root, a never end"),
+    (dict(grammar='root ::= "x" a+ | "z" b\na ::= "y" a\nb ::= c "q"\nc ::= b'), "any finite output"),
     (dict(json={"type": "array", "items": {"type": "integer"}, "minItems": 10**6}), "minItems=1000000"),
     (dict(json={"type": "string", "minLength": 10**6}), "minLength=1000000"),
     (dict(json={"allOf": [{"type": "string"}, {"type": "integer"}]}), "allOf"),
@@ -93,6 +95,9 @@ def test_recursion_that_can_end_is_accepted(tokenizer):
     backend(tokenizer).compile(S(json=tree))
     backend(tokenizer).compile(S(json={"allOf": [{"type": "string"}]}))
     backend(tokenizer).compile(S(regex=r"^[^a-z]+\$?$"))
+    ends = ['root ::= "x" a\na ::= "y" a | "z"', 'root ::= "x" a*\na ::= "y" a', 'root ::= "x" a{0,3}\na ::= "y" a']
+    for grammar in ends:  # recursion with a way out
+        backend(tokenizer).compile(S(grammar=grammar))
 
 
 def test_slow_compile_is_refused_at_the_budget_naming_it(tokenizer):

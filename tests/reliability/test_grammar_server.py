@@ -34,6 +34,7 @@ BAD = {
     "minItems 10^6": ({"guided_json": {"type": "array", "minItems": 10**6}}, "minItems"),
     "conflicting allOf": ({"guided_json": {"allOf": [{"type": "string"}, {"type": "integer"}]}}, "allOf"),
     "empty-language grammar": ({"guided_grammar": 'root ::= a\na ::= a "x"'}, "cannot be satisfied"),
+    "never-finishing grammar": ({"guided_grammar": 'root ::= "x" a\na ::= "y" a'}, "any finite output"),
 }
 SLOW_BUT_ALLOWED = {"guided_regex": "a" * 20_000}  # 20 KB: under the size limit, about a second to compile
 

@@ -52,6 +52,7 @@ def test_structured_outputs_as_a_dict_works(llm):
         ({"regex": "a^b"}, "anchor"),
         ({"json": {"$ref": "file:///etc/passwd"}}, "never fetched"),
         ({"choice": [f"c{i}" for i in range(30_000)]}, "max_grammar_bytes"),
+        ({"grammar": 'root ::= "x" a\na ::= "y" a'}, "any finite output"),
     ],
 )
 def test_bad_constraints_raise_before_anything_runs(llm, constraint, match):
