@@ -24,6 +24,7 @@ class ClusterConfig:
     request_timeout_s: float = 600.0  # mode=route: a backend reply (or stream chunk) slower than this fails
     stall_timeout_s: float = 60.0  # mode=route: a stream silent this long fails (request_timeout_s: the whole)
     failure_window_s: float = 30.0  # mode=route: unhealthy_after bad answers within this mark a backend unhealthy
+    metrics_backend_urls: bool = False  # mode=route: /metrics labels backends by URL (default: by position)
     threads_per_replica: int | None = None  # real replicas (processes): torch threads each; None: cores / N
 
     def __post_init__(self):
@@ -54,6 +55,8 @@ class ClusterConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"cluster.{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.metrics_backend_urls, bool):
+            raise ValueError(f"cluster.metrics_backend_urls must be true or false, got {self.metrics_backend_urls!r}")
         if self.threads_per_replica is not None and (
             not isinstance(self.threads_per_replica, int) or self.threads_per_replica < 1
         ):

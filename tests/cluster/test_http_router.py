@@ -144,9 +144,14 @@ def test_router_health_and_metrics_with_every_backend_down():
         r = client.post(router.url + "/v1/completions", json=body(0, 4, False))
         assert r.status_code == 503 and "no healthy backend" in r.json()["error"]["message"]
         metrics = client.get(router.url + "/metrics").text
-        assert f'testbed_router_backend_healthy{{backend="{dead[0]}"}} 0.0' in metrics
+        assert 'testbed_router_backend_healthy{backend="0"} 0.0' in metrics
+        assert 'testbed_router_probe_failures_total{backend="1"}' in metrics
+        assert "127.0.0.1" not in metrics  # no backend host unless cluster.metrics_backend_urls
         assert "testbed_router_no_backend_total 1.0" in metrics
         assert client.post(router.url + "/v1/completions", content=b"{not json").status_code == 400
+    with RouterThread(cluster | {"metrics_backend_urls": True}) as router, httpx.Client(timeout=30) as client:
+        metrics = client.get(router.url + "/metrics").text
+        assert f'testbed_router_backend_healthy{{backend="{dead[0]}"}} 0.0' in metrics
 
 
 def test_router_reads_backend_load_and_routes_by_prompt():

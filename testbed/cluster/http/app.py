@@ -6,7 +6,8 @@ or any vLLM-compatible server) chosen by a router policy, relaying the answer as
     GET  /health                                 200 while some backend is healthy, else 503; counts only
                                                  (?detail=true: each backend's URL and last error, behind
                                                  the api key when there is one)
-    GET  /metrics                                the router's own series (testbed.cluster.http.metrics)
+    GET  /metrics                                the router's own series, backends by position in
+                                                 cluster.backends (testbed.cluster.http.metrics)
 
 The router enforces server.api_key as the server does (testbed.server.auth: constant-time, the same 401
 body), refuses bodies over server.max_body_bytes with 413 once, before any backend sees them, and slow
@@ -138,7 +139,7 @@ class Proxy:
                 upstream = await sent if stream else await until_client_leaves(request, sent)
             except ClientGone:
                 backend.outstanding -= 1
-                self.metrics.requests.labels(backend.url, "client_gone").inc()
+                self.metrics.requests.labels(self.metrics.label(backend), "client_gone").inc()
                 return Response(status_code=499)
             except httpx.TimeoutException as e:  # nothing relayed yet: another backend may answer
                 last_bad = self.bad(backend, f"no answer within {timeout.read:g} s ({type(e).__name__})", tried)
@@ -149,13 +150,13 @@ class Proxy:
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
                 if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):  # took it, then dropped it
                     self.pool.bad_answer(backend, f"{type(e).__name__}: {e}")
-                self.metrics.retries.labels(backend.url).inc()
+                self.metrics.retries.labels(self.metrics.label(backend)).inc()
                 tried.add(backend.index)
                 continue
             except httpx.HTTPError as e:
                 backend.outstanding -= 1
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
-                self.metrics.requests.labels(backend.url, "error").inc()
+                self.metrics.requests.labels(self.metrics.label(backend), "error").inc()
                 return error_response(f"backend {backend.url} failed: {type(e).__name__}: {e}", 502)
             relay_headers = {"x-testbed-backend": backend.url}
             if stream and upstream.status_code == 200:
@@ -173,7 +174,7 @@ class Proxy:
                 content = await upstream.aread()
             except httpx.HTTPError as e:
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
-                self.metrics.requests.labels(backend.url, "error").inc()
+                self.metrics.requests.labels(self.metrics.label(backend), "error").inc()
                 return error_response(f"backend {backend.url} failed mid-answer: {type(e).__name__}: {e}", 502)
             finally:
                 await upstream.aclose()
@@ -184,8 +185,8 @@ class Proxy:
                 last_bad = self.bad(backend, problem, tried)
                 continue
             self.pool.success(backend)
-            self.metrics.requests.labels(backend.url, str(upstream.status_code)).inc()
-            self.metrics.duration.labels(backend.url).observe(time.monotonic() - started)
+            self.metrics.requests.labels(self.metrics.label(backend), str(upstream.status_code)).inc()
+            self.metrics.duration.labels(self.metrics.label(backend)).observe(time.monotonic() - started)
             media = upstream.headers.get("content-type", "application/json")
             return Response(content, status_code=upstream.status_code, media_type=media, headers=relay_headers)
 
@@ -193,8 +194,8 @@ class Proxy:
         """Count a malformed answer against the backend; the 502 the client gets if no other is left."""
         backend.outstanding -= 1
         self.pool.bad_answer(backend, problem)
-        self.metrics.requests.labels(backend.url, "bad_answer").inc()
-        self.metrics.retries.labels(backend.url).inc()
+        self.metrics.requests.labels(self.metrics.label(backend), "bad_answer").inc()
+        self.metrics.retries.labels(self.metrics.label(backend)).inc()
         tried.add(backend.index)
         return error_response(f"backend {backend.url} sent a malformed answer: {problem}", 502, "backend_error")
 
@@ -243,8 +244,8 @@ class Proxy:
         finally:
             await upstream.aclose()
             backend.outstanding -= 1
-            self.metrics.requests.labels(backend.url, outcome).inc()
-            self.metrics.duration.labels(backend.url).observe(time.monotonic() - started)
+            self.metrics.requests.labels(self.metrics.label(backend), outcome).inc()
+            self.metrics.duration.labels(self.metrics.label(backend)).observe(time.monotonic() - started)
 
     async def models(self, request: Request):
         headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
@@ -329,7 +330,13 @@ def build_router_app(pool: BackendPool, router: Router, metrics: RouterMetrics, 
         if detail:  # backend URLs and their errors: only for whoever holds the key
             await check_key(request)
             answer["backends"] = [
-                {"url": b.url, "healthy": b.healthy, "outstanding": b.outstanding, "last_error": b.last_error}
+                {
+                    "index": b.index,
+                    "url": b.url,
+                    "healthy": b.healthy,
+                    "outstanding": b.outstanding,
+                    "last_error": b.last_error,
+                }
                 for b in pool.backends
             ]
         return JSONResponse(answer, status_code=200 if healthy else 503)

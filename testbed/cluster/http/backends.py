@@ -117,7 +117,7 @@ class BackendPool:
 
     def _probe_failed(self, backend: Backend, reason: str) -> None:
         if self.metrics is not None:
-            self.metrics.probe_failures.labels(backend.url).inc()
+            self.metrics.probe_failures.labels(self.metrics.label(backend)).inc()
         self.failure(backend, reason)
 
     async def probe_all(self, client: httpx.AsyncClient) -> None:

@@ -1,4 +1,8 @@
-"""The router's own Prometheus series (its /metrics), in its own registry."""
+"""The router's own Prometheus series (its /metrics), in its own registry.
+
+Series are labelled by the backend's position in cluster.backends ("0", "1", ...), so the page a scraper
+(or anyone who can reach it) reads names no backend host; `cluster.metrics_backend_urls=true` labels them
+by URL instead. /health?detail=true (behind the api key) maps positions to URLs."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ DURATION_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 
 
 class RouterMetrics:
-    def __init__(self):
+    def __init__(self, label_by_url: bool = False):
+        self.label_by_url = label_by_url
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "testbed_router_requests", "Requests answered, by backend and outcome.", ["backend", "outcome"], registry=r
@@ -35,8 +40,12 @@ class RouterMetrics:
             registry=r,
         )
 
+    def label(self, backend) -> str:
+        """The `backend` label of a backend's series."""
+        return backend.url if self.label_by_url else str(backend.index)
+
     def render(self, backends) -> tuple[bytes, str]:
         for b in backends:
-            self.healthy.labels(b.url).set(1 if b.healthy else 0)
-            self.outstanding.labels(b.url).set(b.outstanding)
+            self.healthy.labels(self.label(b)).set(1 if b.healthy else 0)
+            self.outstanding.labels(self.label(b)).set(b.outstanding)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -25,7 +25,7 @@ def make_router_server(cluster_cfg, server_cfg=None, **server_overrides) -> uvic
     if not cluster.backends:
         raise ValueError("mode=route needs backends: cluster.backends=[http://host1:8000,http://host2:8000]")
     settings = ServerSettings.from_cfg(server_cfg, **server_overrides)
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(label_by_url=cluster.metrics_backend_urls)
     pool = BackendPool(
         list(cluster.backends), cluster.unhealthy_after, cluster.probe_timeout_s, metrics, cluster.failure_window_s
     )
