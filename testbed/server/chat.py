@@ -1,5 +1,7 @@
 """POST /v1/chat/completions: messages (and tools) through the model's chat template, the reply whole or
-streamed; with tools, the reply's tool calls read as testbed/server/tools/ describes."""
+streamed; with tools, the reply's tool calls read as testbed/server/tools/ describes. return_token_ids: the
+prompt's token ids (chat template applied) at the top level and each choice's generated ids on it; a
+stream sends the prompt's on its first chunk and each chunk's new ids on its choice (vLLM's layout)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,11 @@ def chat_body(model: ServedModel, a: Admitted, out: RequestOutput, reply: ToolRe
         else:
             message, finish = reply.message(c.text, c.finish_reason)
         choices.append(P.choice(i, {"message": message}, lp, finish, c.stop_reason))
+        if a.req.return_token_ids:
+            choices[-1]["token_ids"] = list(c.token_ids)
     body = P.response(a.rid, a.created, model.name, "chat.completion", choices, usage_of(a, out))
+    if a.req.return_token_ids:
+        body["prompt_token_ids"] = list(a.prompt_ids)
     if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: top level
         body["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
     return body
@@ -44,7 +50,10 @@ async def chat_chunks(model: ServedModel, a: Admitted, reply: ToolReply | None):
     for i in range(a.params.n):
         role = P.choice(i, {"delta": {"role": "assistant", "content": ""}}, None, None)
         usage = P.usage(n_prompt, 0) if req.continuous_usage else None
-        yield P.response(a.rid, a.created, model.name, obj, [role], usage)
+        first = P.response(a.rid, a.created, model.name, obj, [role], usage)
+        if req.return_token_ids and i == 0:
+            first["prompt_token_ids"] = list(a.prompt_ids)
+        yield first
     async for d in text_deltas(model.tokenizer, a.params, a.stream):
         out, c = d.out, d.choice
         if c is not None:
@@ -62,9 +71,11 @@ async def chat_chunks(model: ServedModel, a: Admitted, reply: ToolReply | None):
                 if d.done:
                     last, finish = state.finish(c.finish_reason)
                     delta = {**last, "content": text + last["content"]} if "content" in last else {**delta, **last}
-                elif not delta and lp is None:  # output held back (a tool call may be starting): no chunk
-                    continue
+                elif not delta and lp is None and not req.return_token_ids:
+                    continue  # output held back (a tool call may be starting): no chunk
             chunk = P.choice(c.index, {"delta": delta}, lp, finish, stop)
+            if req.return_token_ids:
+                chunk["token_ids"] = list(d.new_token_ids)
             yield P.response(a.rid, a.created, model.name, obj, [chunk], u)
         if out.finished and req.include_usage:
             yield P.usage_chunk(a.rid, a.created, model.name, obj, usage_of(a, out))

@@ -1,7 +1,9 @@
 """POST /v1/completions: a prompt (text or token ids) or a list of them in, their completions out, whole or
 streamed. Each prompt is its own engine request (testbed/server/prompt_batch.py); choice k*n + j is the j-th
 completion of prompt k, as in OpenAI's and vLLM's servers. echo: true puts the prompt before the completion
-(and, with logprobs, the prompt tokens' logprobs first)."""
+(and, with logprobs, the prompt tokens' logprobs first). return_token_ids: each choice carries
+prompt_token_ids and the token_ids it generated (a stream: the prompt's on each choice's first chunk, then
+each chunk's new ids), as vLLM's server does."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def completion_choices(model: ServedModel, a: Admitted, out: RequestOutput, firs
     """One choice per returned completion of one prompt (n, or the best n of best_of), from index first."""
     choices = []
     for i, c in enumerate(out.outputs):
-        text, token_ids, entries = c.text, c.token_ids, c.logprobs or []
+        text, token_ids, entries = c.text, list(c.token_ids), c.logprobs or []
         if a.req.echo:
             text = echoed_prompt(model, a) + text
             if out.prompt_logprobs is not None:
@@ -37,6 +39,8 @@ def completion_choices(model: ServedModel, a: Admitted, out: RequestOutput, firs
         choice = P.choice(first + i, {"text": text}, lp, c.finish_reason, c.stop_reason)
         if a.req.prompt_logprobs is not None and out.prompt_logprobs is not None:  # vLLM: on the choice
             choice["prompt_logprobs"] = prompt_logprobs_json(model.tokenizer, out.prompt_logprobs)
+        if a.req.return_token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = list(a.prompt_ids), list(c.token_ids)
         choices.append(choice)
     return choices
 
@@ -56,7 +60,7 @@ def completion_body(model: ServedModel, batch: list[Admitted], outs: list[Reques
 async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dict):
     """One chunk per engine output that adds to a choice of this prompt (index first + the choice's);
     the prompt's finished output lands in finals[first]."""
-    req, text_pos, echoed = a.req, {}, set()
+    req, text_pos, echoed, started = a.req, {}, set(), set()
     async for d in text_deltas(model.tokenizer, a.params, a.stream):
         out, c = d.out, d.choice
         if out.finished:
@@ -64,6 +68,7 @@ async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dic
         if c is None:
             continue
         text, new, lps = d.text, d.new_token_ids, d.logprobs
+        generated = list(new)
         if req.echo and c.index not in echoed:  # the prompt rides on each choice's first chunk
             echoed.add(c.index)
             text = echoed_prompt(model, a) + text
@@ -76,6 +81,11 @@ async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dic
         finish, stop = (c.finish_reason, c.stop_reason) if d.done else (None, None)
         usage = usage_of(a, out, d.completion_tokens) if req.continuous_usage else None
         chunk = P.choice(first + c.index, {"text": text}, lp, finish, stop)
+        if req.return_token_ids:
+            if c.index not in started:
+                started.add(c.index)
+                chunk["prompt_token_ids"] = list(a.prompt_ids)
+            chunk["token_ids"] = generated
         yield P.response(a.rid, a.created, model.name, "text_completion", [chunk], usage)
 
 

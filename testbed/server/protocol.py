@@ -5,7 +5,9 @@ out of range is an OpenAI-style error body with HTTP 400, built by `error_body`.
 Extensions beyond OpenAI's names, as vLLM spells them: top_k, min_p, ignore_eos, stop_token_ids,
 stream_options.continuous_usage_stats (usage on every streamed chunk), repetition_penalty, min_tokens,
 bad_words, allowed_token_ids, prompt_logprobs, structured_outputs and the older guided_json /
-guided_regex / guided_choice / guided_grammar. Sampling parameters the engine defines are range-checked
+guided_regex / guided_choice / guided_grammar, return_token_ids (the prompt's and each choice's token ids
+in the answer, where vLLM puts them: completions on each choice, chat the prompt's at the top level; a
+stream sends the prompt's once and each chunk's new token ids). Sampling parameters the engine defines are range-checked
 by SamplingParams itself, so HTTP and in-process callers get the same messages.
 """
 
@@ -110,6 +112,7 @@ class _SamplingFields(BaseModel):
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
+    return_token_ids: bool = False
     structured_outputs: StructuredOutputsField | None = None
     guided_json: str | dict | None = None
     guided_regex: str | None = None
