@@ -7,18 +7,21 @@
 
     # the experiment of `python run.py trace=... replay=...`, over HTTP (same result files):
     python -m experiments.http_replay --url http://127.0.0.1:8000 trace=azure replay=open_loop trace.max_requests=50
+    python -m experiments.http_replay --url http://127.0.0.1:8000 replay=sessions trace=sessions  # multi-turn
 
 Each RequestSpec is sent as a streaming /v1/completions request (prompt as token ids, max_tokens,
 ignore_eos, temperature 0 by default) following experiments.replay's modes: open_loop at start +
 arrival_s (already time-scaled by the loader), offline all at once, closed_loop with `concurrency` in
-flight. Times are taken on the client's monotonic clock as chunks arrive. With
+flight; replay=sessions is experiments.sessions.http_replay (each turn's prompt: the server's own tokens
+of the history, returned with return_token_ids). Times are taken on the client's monotonic clock as chunks arrive. With
 `stream_options.continuous_usage_stats` (this server, vLLM) each chunk says how many tokens it carries,
 otherwise each non-empty chunk counts as one token; the tokens of one chunk share its timestamp, which
 is how experiments.metrics counts ITL (per chunk).
 
-Columns the client cannot see (first_scheduled_time, cached_tokens, num_preemptions) are NaN/0; the
-server's /metrics has the engine-side view. A failed request has finish_reason "error" and the reason
-in "error"; it counts as failed in the summary, as aborts do.
+cached_tokens comes from usage.prompt_tokens_details where the server reports it (this server; vLLM with
+--enable-prompt-tokens-details), else 0. Columns the client cannot see (first_scheduled_time,
+num_preemptions) are NaN/0; the server's /metrics has the engine-side view. A failed request has
+finish_reason "error" and the reason in "error"; it counts as failed in the summary, as aborts do.
 """
 
 from __future__ import annotations
@@ -66,8 +69,20 @@ def _auth_headers(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, row: dict) -> None:
-    """Stream one request, filling row in place (times on time.monotonic)."""
+@dataclass
+class TokenIds:
+    """The token ids a server returns with `return_token_ids` (vLLM's extension): the prompt as the engine
+    saw it and the tokens it generated (choice 0)."""
+
+    prompt: list[int] | None = None
+    generated: list[int] | None = None
+
+
+async def _send(
+    client, url: str, headers: dict, spec: RequestSpec, body: dict, row: dict, ids: TokenIds | None = None
+) -> None:
+    """Stream one request, filling row in place (times on time.monotonic), and ids if given (the body asks
+    for return_token_ids)."""
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
@@ -87,8 +102,13 @@ async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, 
                     row["error"] = str(err.get("message", err)) if isinstance(err, dict) else str(err)
                     continue
                 usage, choices = chunk.get("usage"), chunk.get("choices") or []
+                cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+                if cached is not None:
+                    row["cached_tokens"] = int(cached)
                 if not choices:
                     continue  # the final usage-only chunk
+                if ids is not None:
+                    _take_ids(ids, chunk, choices[0])
                 if usage is not None:
                     n_new = int(usage.get("completion_tokens", 0)) - row["output_tokens"]
                 else:
@@ -108,6 +128,14 @@ async def _send(client, url: str, headers: dict, spec: RequestSpec, body: dict, 
             row["finish_reason"], row["finish_time"] = "error", None
         elif row["finish_reason"] is None:  # stream ended without a finish reason
             row["finish_reason"], row["error"] = "error", "stream ended without finish_reason"
+
+
+def _take_ids(ids: TokenIds, chunk: dict, choice: dict) -> None:
+    prompt = choice.get("prompt_token_ids", chunk.get("prompt_token_ids"))  # completions / chat
+    if prompt is not None:
+        ids.prompt = list(prompt)
+    if choice.get("token_ids") is not None:
+        ids.generated = (ids.generated or []) + list(choice["token_ids"])
 
 
 @dataclass
@@ -205,42 +233,70 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
 
     from experiments.metrics import DEFAULT_PERCENTILES, check_slo
     from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
-    from experiments.runner import apply_length_policy, config_value
+    from experiments.runner import _positive, apply_length_policy, check_session_config, config_value
+    from experiments.sessions import is_session_trace, load_sessions, session_report
+    from experiments.sessions.http_replay import HttpSessionReplay, replay_sessions_http
+    from experiments.sessions.metrics import session_summary, turns_table
     from experiments.traces import load_trace
 
     run_dir = Path(run_dir)
     trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:
-        raise ValueError("an HTTP replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic")
+        raise ValueError(
+            "an HTTP replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic, or replay=sessions "
+            "with trace=sessions|mooncake_sessions"
+        )
     slo = check_slo(config_value(cfg, "slo"))
     percentiles = list(config_value(cfg, "metrics.percentiles") or DEFAULT_PERCENTILES)
     replay_cfg = config_value(cfg, "replay") or {}
     mode = replay_cfg.get("name", "open_loop")
     info = server_info(url, api_key)
-    trace = load_trace(
-        trace_cfg, vocab_size=int(info.get("vocab_size") or 32000), max_model_len=int(info["max_model_len"])
-    )
-    specs, length_report = apply_length_policy(trace.requests, replay_cfg)
-    run = replay_http(
-        specs,
-        url,
-        info["id"],
-        api_key=api_key,
-        mode=mode,
-        concurrency=replay_cfg.get("concurrency"),
-        temperature=replay_cfg.get("temperature", 0.0) or 0.0,
-    )
+    vocab_size, max_model_len = int(info.get("vocab_size") or 32000), int(info["max_model_len"])
+    tables: dict[str, pd.DataFrame] = {}
+    if mode == "sessions" or is_session_trace(trace_cfg):
+        check_session_config(cfg, trace_cfg)
+        sessions = load_sessions(trace_cfg, vocab_size=vocab_size, max_model_len=max_model_len)
+        report = {"format": trace_cfg.get("name"), "path": trace_cfg.get("path"), **session_report(sessions)}
+        run = replay_sessions_http(
+            sessions,
+            url,
+            info["id"],
+            max_model_len=max_model_len,
+            api_key=api_key,
+            concurrency=replay_cfg.get("concurrency"),
+            max_prompt_tokens=_positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
+            max_output_tokens=_positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
+            temperature=replay_cfg.get("temperature", 0.0) or 0.0,
+        )
+        num_specs = len(sessions)
+    else:
+        trace = load_trace(trace_cfg, vocab_size=vocab_size, max_model_len=max_model_len)
+        specs, length_report = apply_length_policy(trace.requests, replay_cfg)
+        report = {**trace.report, "replay_length_policy": length_report}
+        run = replay_http(
+            specs,
+            url,
+            info["id"],
+            api_key=api_key,
+            mode=mode,
+            concurrency=replay_cfg.get("concurrency"),
+            temperature=replay_cfg.get("temperature", 0.0) or 0.0,
+        )
+        num_specs = len(specs)
     summary = run.summary(slo, percentiles=percentiles)
+    if isinstance(run, HttpSessionReplay):
+        tables["turns.parquet"] = turns_table(run.turns, run.requests)
+        summary.update(session_summary(tables["turns.parquet"], num_specs, run.turns_cut))
     experiment = config_value(cfg, "experiment", "default")
     summary.update(
         {
             "experiment": experiment,
             "replay": mode,
-            "trace": trace.report.get("format"),
+            "trace": report.get("format"),
             "target": "http",
             "url": url,
             "model": info["id"],
-            "num_requests": len(specs),
+            "num_requests": num_specs,
             "num_sent": len(run.requests),
             "start_time": run.start_time,
             "end_time": run.end_time,
@@ -254,7 +310,8 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
         requests=run.requests,
         steps=pd.DataFrame(),
         summary=summary,
-        trace_report={**trace.report, "replay_length_policy": length_report},
+        trace_report=report,
+        tables=tables,
     )
     table = Path(config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE)
     append_sweep_row(
