@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.http_replay import run_trace_http
 from experiments.sessions import load_sessions
@@ -14,8 +14,6 @@ from experiments.sessions.http_replay import replay_sessions_http
 from testbed import Engine
 from testbed.config import EngineConfig
 from testbed.server import ServerThread
-
-from ..runner.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 BS = 4
@@ -48,7 +46,7 @@ def test_turn_k_plus_1_sends_the_engines_tokens_and_hits_its_full_blocks(server)
 
 
 def test_http_experiment_writes_turns_and_per_turn_summary(server, tmp_path):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose(
             "config",
             overrides=["replay=sessions", "trace=sessions", "trace.num_sessions=2", "trace.turns=2",
