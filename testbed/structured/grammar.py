@@ -220,8 +220,8 @@ def _refuse_endless(xgr, params: StructuredOutputsParams) -> None:
         names = ", ".join(endless[:5]) + (", ..." if len(endless) > 5 else "")
         raise StructuredOutputError(
             f"the {params.kind} constraint cannot be satisfied by any finite output: "
-            f"rule{'s' if len(endless) > 1 else ''} {names} never end (each of their alternatives needs a rule "
-            "that never ends), so generation would run until max_tokens"
+            f"{'rules' if len(endless) > 1 else 'rule'} {names} never {'end' if len(endless) > 1 else 'ends'} "
+            "(each alternative needs a rule that never ends), so generation would run until max_tokens"
         )
 
 
