@@ -253,6 +253,7 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     info = server_info(url, api_key)
     vocab_size, max_model_len = int(info.get("vocab_size") or 32000), int(info["max_model_len"])
     tables: dict[str, pd.DataFrame] = {}
+    run: HttpReplay
     if mode == "sessions" or is_session_trace(trace_cfg):
         check_session_config(cfg, trace_cfg)
         sessions = load_sessions(trace_cfg, vocab_size=vocab_size, max_model_len=max_model_len)

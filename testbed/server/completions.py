@@ -30,7 +30,7 @@ def completion_choices(model: ServedModel, a: Admitted, out: RequestOutput, firs
     """One choice per returned completion of one prompt (n, or the best n of best_of), from index first."""
     choices = []
     for i, c in enumerate(out.outputs):
-        text, token_ids, entries = c.text, list(c.token_ids), c.logprobs or []
+        text, token_ids, entries = c.text, c.token_ids, c.logprobs or []
         if a.req.echo:
             text = echoed_prompt(model, a) + text
             if out.prompt_logprobs is not None:
