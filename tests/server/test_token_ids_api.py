@@ -10,12 +10,12 @@ from testbed import Engine
 from testbed.config import EngineConfig
 from testbed.server import ServerThread
 
-MODEL = "tiny"
+MODEL = "smollm2-135m"  # a real vocabulary: text prompts and the chat template tokenize within it
 
 
 @pytest.fixture(scope="module")
 def server(one_torch_thread):
-    config = EngineConfig(model=MODEL, tokenizer="smollm2-135m", kernel="torch", num_blocks=256, max_num_seqs=8)
+    config = EngineConfig(model=MODEL, kernel="torch", num_blocks=160, max_model_len=1024, max_num_seqs=8)
     with ServerThread(Engine(config)) as srv:
         yield srv
 
