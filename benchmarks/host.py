@@ -1,4 +1,4 @@
-"""The engine's host-side cost per decode step, with the null executor (no model runs).
+"""The engine's host-side cost per decode step, with the host executor (no model runs).
 
 A step here is schedule + KV-cache bookkeeping + input preparation (the real `prepare_inputs`, block
 tables and staging, host half only) + output handling, at a steady state of N running requests, each
@@ -35,8 +35,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 def make_steady_engine(
     num_running: int, block_size: int = 16, seed: int = 0, prompt_range=(100, 1024), **engine_options
 ):
-    """An engine (tiny model, null executor) with num_running requests all past prefill, decoding;
-    engine_options: more EngineConfig fields (e.g. null_step_time_s, async_scheduling)."""
+    """An engine (tiny model, host executor) with num_running requests all past prefill, decoding;
+    engine_options: more EngineConfig fields (e.g. host_step_time_s, async_scheduling)."""
     from testbed import Engine, EngineConfig, SamplingParams
 
     rng = random.Random(seed)
@@ -46,7 +46,7 @@ def make_steady_engine(
     engine = Engine(
         EngineConfig(
             model="tiny",
-            executor="null",
+            executor="host",
             block_size=block_size,
             num_blocks=num_blocks,
             max_num_seqs=num_running,
@@ -177,7 +177,7 @@ def main() -> None:
         rows,
     )
     text = (
-        f"# Host-side cost per decode step (null executor)\n\n"
+        f"# Host-side cost per decode step (host executor)\n\n"
         f"Engine step with no model: schedule + KV bookkeeping + input preparation (host half) + output "
         f"handling; N requests decoding one token each; {a.steps} steps, median per phase (us).\n\n"
         f"{table}\n\n"

@@ -3,7 +3,7 @@
     python -m benchmarks.overlap                          # 256 running; writes results/host_overhead/overlap.*
     python -m benchmarks.overlap --running 64 256 --steps 100
 
-The device is the null executor holding each step for a fixed time (sleeping, so the host is free, as it
+The device is the host executor holding each step for a fixed time (sleeping, so the host is free, as it
 is while a GPU computes); the host's work is the engine's real per-step work at N running decode requests
 (schedule, block tables, staged inputs, update, outputs). First the host cost H alone (device time 0,
 synchronous: the step period less its device half), then for device times of 0.5 H, H and 2 H (D: the
@@ -60,7 +60,7 @@ def main(argv=None) -> None:
             sync, overlapped, devices = [], [], []
             for _ in range(args.repeats):  # interleaved: the machine's load hits both alike
                 for mode, sink in ((False, sync), (True, overlapped)):
-                    engine = make_steady_engine(running, null_step_time_s=factor * host, async_scheduling=mode)
+                    engine = make_steady_engine(running, host_step_time_s=factor * host, async_scheduling=mode)
                     period, device = median_period(engine, args.steps)
                     sink.append(period)
                     devices.append(device)
@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     )
     atomic_write_text(
         args.out / "overlap.md",
-        "# Async scheduling: step period with the host overlapped (CPU, null executor holding the device)\n\n"
+        "# Async scheduling: step period with the host overlapped (CPU, host executor holding the device)\n\n"
         f"{table}\n\nMedian step period over {args.steps} steps, median of {args.repeats} interleaved repeats. "
         f"Machine: {env['cpu']}, {env['cpu_count']} cores, load {env['load_average']}, torch {env['torch']}, "
         f"{env['date']}, git {env['git']}. Command: `{env['command']}`.\n",

@@ -16,7 +16,7 @@ request throughput, goodput), the difference A - B and a test of "no difference"
   bootstrap    one simulated run per side on the same requests: paired percentile bootstrap over the
                requests (the simulator has no run-to-run noise; this covers which requests were drawn).
                Simulated runs of one workload draw (a seed sweep without trace.seed) count as one pair
-  no verdict   one run per side of a machine-timed executor (real engine, null executor): run-to-run
+  no verdict   one run per side of a machine-timed executor (real engine, host executor): run-to-run
                noise is not measured, so only the observed difference is reported
 Verdicts are family-wise at 5%: Holm's step-down over the tested metrics (Holm 1979; rejects whatever
 Bonferroni rejects, and more). Each interval is the metric's own 95% interval. "detectable" is the

@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from testbed.config import EngineConfig
+from testbed.executor_kinds import executor_kind
 
 # group key -> EngineConfig field, per group the engine reads
 GROUP_FIELDS = {
@@ -50,7 +51,6 @@ GROUP_FIELDS = {
     },
 }
 TOP_FIELDS = {"seed": "seed", "dtype": "dtype", "max_model_len": "max_model_len"}
-EXECUTORS = {"real": {"name"}, "null": {"name", "step_time_s"}}  # sim: every other key is a SimConfig field
 
 
 def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
@@ -67,15 +67,12 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
         values[field], keys[field] = _plain(cfg[key]), key
     executor = _plain(cfg.executor)
     values["executor"], keys["executor"] = executor["name"], "executor.name"
-    if executor["name"] in EXECUTORS:
-        unknown = sorted(set(executor) - EXECUTORS[executor["name"]])
-        if unknown:
-            raise ValueError(f"executor.{unknown[0]}: not a setting of executor {executor['name']!r}")
-        if "step_time_s" in executor:
-            values["null_step_time_s"], keys["null_step_time_s"] = executor["step_time_s"], "executor.step_time_s"
-    else:  # sim: SimConfig refuses keys it does not know
-        sim = {k: v for k, v in executor.items() if k != "name"}
-        values["sim_config"], keys["sim_config"] = {**sim, "device": _plain(cfg.device)}, "executor"
+    try:
+        kind = executor_kind(executor["name"])
+    except ValueError as e:
+        raise ValueError(f"executor.name: {e}") from e
+    for field, (value, key) in kind.engine_fields(executor, _plain(cfg.device)).items():
+        values[field], keys[field] = value, key
     values["speculative_config"], keys["speculative_config"] = _spec_config(cfg), "spec"
     values["host_tier"], keys["host_tier"] = _host_tier(_plain(cfg.cache)), "cache.host_tier_gb"
     if cfg.get("structured_outputs") is not None:  # grammar limits: testbed.structured.limits

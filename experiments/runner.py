@@ -20,7 +20,6 @@ import logging
 import math
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -160,10 +159,11 @@ def build_engine(cfg, record_clock: bool = True):
     simulation of the same trace and config can replay it (executor=sim executor.cost_model=replay_steps)."""
     from experiments.engine_config import engine_config_from_cfg
     from testbed import Engine
+    from testbed.executor_kinds import executor_kind
     from testbed.sim.clock import RecordingClock
 
     config = engine_config_from_cfg(cfg)
-    clock = RecordingClock() if record_clock and config.executor == "real" else None
+    clock = RecordingClock() if record_clock and executor_kind(config.executor).records_clock else None
     return Engine(config, clock=clock)
 
 
@@ -281,7 +281,7 @@ def replay_specs(
         temperature=replay_cfg.get("temperature", 0.0) if temperature is None else temperature,
         max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
         on_finish=lambda _row: bar.update(1),
-        sleep=getattr(engine.clock, "sleep", time.sleep),  # a simulation's idle time is virtual
+        sleep=engine.executor_kind.sleep,  # a simulation's idle time is virtual
         source=source,
     )
     with StopSignals() as stops:
@@ -307,7 +307,7 @@ def replay_specs(
         summary.update(kv_reuse_summary(engine))
         tables = {} if access_log is None else {ACCESS_FILE: access_frame(access_log)}
         tables.update(session_tables(replay, requests, summary, len(specs)))
-        readings = getattr(engine.clock, "readings", None)  # a RecordingClock's (real runs)
+        readings = recorded_readings(engine.clock)
         write_run(
             run_dir,
             config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)),
@@ -419,13 +419,18 @@ def run_summary(
     return summary
 
 
+def recorded_readings(clock) -> list[float] | None:
+    """The clock readings of a run whose clock was recorded (build_engine: the real engine); else None."""
+    from testbed.sim.clock import RecordingClock
+
+    return clock.readings if isinstance(clock, RecordingClock) else None
+
+
 def executor_summary(engine) -> dict:
-    """What ran the steps: `executor` real | null | sim, and for a simulation its cost model's identity
-    (device, profile, fit) and the simulated seconds, flattened as sim_* keys."""
-    out = {"executor": engine.config.executor, "kernel": engine.kernel}
-    if engine.config.executor == "sim":
-        out.update({f"sim_{k}": v for k, v in engine.executor.identity.items()})
-    return out
+    """What ran the steps: `executor` real | host | sim and the kernel, and the keys its kind adds (a
+    simulation: its cost model's identity and the simulated seconds, as sim_* keys)."""
+    kind = engine.executor_kind
+    return {"executor": engine.config.executor, "kernel": engine.kernel, **kind.summary(engine.executor)}
 
 
 def spec_summary(engine) -> dict:

@@ -10,7 +10,7 @@ sampling and random weights, and the simulator's acceptance draws, executor.seed
 replay.redraw_workload the workload's seeds too (WORKLOAD_SEEDS: the trace's synthesised arrivals, lengths
 and token ids; which requests the priority scheduler marks urgent). redraw_workload null means: true for
 the simulator, whose virtual clock makes repeats of one workload copies, and where replay.repeat_seeds
-already names a workload seed; false otherwise (the real engine and the null executor time this machine:
+already names a workload seed; false otherwise (the real engine and the host executor time this machine:
 their repeats then measure its noise on the same requests, which experiments.compare pairs request by
 request).
 """
@@ -30,7 +30,6 @@ REPEAT_KEYS = ("replay.repeat", "replay.repeats", "replay.repeat_seeds")
 OUTPUT_KEYS = ("results", "wandb", "progress")
 # settings that change how fast a run goes, never what it measures
 SPEED_KEYS = ("executor.skip_steps",)
-DETERMINISTIC_EXECUTORS = ("sim",)  # timing from a virtual clock: no machine noise
 
 
 def _get(tree, path: str):
@@ -49,12 +48,19 @@ def _pop(tree: dict, path: str) -> None:
         node.pop(name, None)
 
 
+def _simulated(executor: str | None) -> bool:
+    """Whether the executor kind's timing is a virtual clock's: no machine noise (testbed.executor_kinds)."""
+    from testbed.executor_kinds import executor_kind
+
+    return executor is not None and executor_kind(executor).simulated
+
+
 def redraw_workload(resolved: dict) -> bool:
     """replay.redraw_workload of a resolved config (plain dict), null resolved by the executor."""
     value = _get(resolved, "replay.redraw_workload")
     if value is None:
         named = set(_get(resolved, "replay.repeat_seeds") or ()) & set(WORKLOAD_SEEDS)
-        return _get(resolved, "executor.name") in DETERMINISTIC_EXECUTORS or bool(named)
+        return _simulated(_get(resolved, "executor.name")) or bool(named)
     if not isinstance(value, bool):
         raise ValueError(f"replay.redraw_workload: must be true, false or null, got {value!r}")
     return value

@@ -37,8 +37,10 @@ class EngineConfig:
     cuda_graph_sizes: list[int] | None = None  # decode batch sizes to capture; None: 1,2,4,8,16,...,max_num_seqs
     cuda_graph_dry_run: bool = False  # the graph path (static buffers, padding) run eagerly, any device: tests
     async_scheduling: bool | None = None  # schedule step N+1 while step N runs; None: on CUDA (see Engine)
-    null_step_time_s: float = 0.0  # executor=null: hold the "device" this long per step (overlap benchmarks)
-    executor: str = "real"  # real (the model) | null (no model: host-side cost) | sim (a cost model, virtual clock)
+    host_step_time_s: float = 0.0  # executor=host: hold the "device" this long per step (overlap benchmarks)
+    # testbed.executor_kinds: real (the model) | host (no model: host-side cost) | sim (a cost model, virtual
+    # clock) | the import path of an ExecutorKind subclass (module:Class)
+    executor: str = "real"
     sim_config: dict | None = None  # executor=sim: testbed.sim.config.SimConfig fields (cost_model, device: a
     # built-in name or the spec sheet's values, ...)
     host_tier: dict | None = None  # host-memory KV tier: testbed.core.host_tier.HostTierConfig fields (gb, write, ...)
@@ -66,12 +68,6 @@ class EngineConfig:
         from testbed.parallel.config import check_parallel_config
 
         check_parallel_config(self)
-        if self.executor not in ("real", "null", "sim"):
-            raise ValueError(f"executor must be 'real', 'null' or 'sim', got {self.executor!r}")
-        if self.executor == "sim":
-            from testbed.sim.config import SimConfig
-
-            SimConfig.from_any(self.sim_config or {})  # validate early
         if self.kv_cache_dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"kv_cache_dtype must be auto, float32, float16 or bfloat16, got {self.kv_cache_dtype!r}")
         if self.kv_cache_dtype != "auto" and self.kernel == "triton":
@@ -87,7 +83,10 @@ class EngineConfig:
         from testbed.structured.limits import StructuredOutputsConfig
 
         StructuredOutputsConfig.from_any(self.structured_outputs_config)  # validate early
-        check_engine_config(self)  # max_model_len, kv_cache_memory_gb against host memory
+        check_engine_config(self)  # max_model_len, kv_cache_memory_gb
+        from testbed.executor_kinds import executor_kind
+
+        executor_kind(self.executor).check_config(self)  # what this kind cannot run (validates sim_config)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

@@ -2,13 +2,9 @@
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
 import logging
-import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-import torch
-
-from testbed.attention import get_backend, resolve_kernel
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
 from testbed.core.host_tier import attach_host_tier
@@ -18,23 +14,19 @@ from testbed.core.sched_output import SchedulerOutput
 from testbed.core.scheduler import Scheduler, SchedulerConfig
 from testbed.core.swap import SwapManager
 from testbed.executor.base import ExecutorOutput
-from testbed.executor.build import build_executor
-from testbed.executor.kv_cache import kv_bytes_per_block, kv_cache_dtype, num_blocks_from_memory, num_host_blocks
+from testbed.executor.kv_cache import kv_bytes_per_block, kv_cache_dtype, num_host_blocks
 from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
+from testbed.executor_kinds import executor_kind
 from testbed.input_processor import InputProcessor
 from testbed.isolation import RunInvalid, error_message
 from testbed.models.build import load_model_spec
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
-from testbed.parallel.config import check_tensor_parallel, shard_arch, tp_kernel
+from testbed.parallel.config import check_tensor_parallel
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.sequence_group import SequenceGroup
-from testbed.sim.build import plan_simulation
-from testbed.sim.decode_runs import DecodeRuns
-from testbed.sim.host_copies import host_copy_cost
-from testbed.validation import check_kv_cache_fits
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +59,10 @@ class Engine:
     def __init__(self, config: EngineConfig, clock=None):
         """clock: the engine's time source (default time.monotonic; a simulation brings its own)."""
         self.config = config
-        sim = plan_simulation(config, clock)  # None unless executor == "sim"
-        self.clock = sim.clock if sim else (clock or time.monotonic)
-        if sim:  # nothing runs on a device: the simulated one is the cost model's
-            self.device, self.dtype = torch.device("cpu"), sim.dtype
-        else:
-            self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
+        kind = self.executor_kind = executor_kind(config.executor)(config, clock)  # the engine's clock, device
+        self.clock, self.device, self.dtype = kind.clock, kind.device, kind.dtype
         self.kv_dtype = kv_cache_dtype(config, self.dtype)
-        # the kernels that run (named in every summary); a simulation runs none (a profile names its own)
-        kernel = tp_kernel(config.kernel, config.tensor_parallel_size, self.device.type)
-        self.kernel = sim.kernel if sim else resolve_kernel(kernel, self.device)
-        self.backend = None if sim else get_backend(self.kernel)
+        self.kernel, self.backend = kind.kernel, kind.backend  # the kernels that run (named in every summary)
         if self.kv_dtype != self.dtype and self.kernel == "triton":  # kernel=auto resolved to triton
             raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
         bs = config.block_size
@@ -93,21 +77,7 @@ class Engine:
             spec.max_model_len,
         )
         self.eos_token_ids = spec.eos_token_ids
-        if sim:
-            num_blocks = config.num_blocks or sim.num_blocks(
-                self.arch, bs, config.gpu_memory_utilization, config.kv_cache_memory_gb
-            )
-        else:
-            num_blocks = config.num_blocks or num_blocks_from_memory(
-                shard_arch(self.arch, config.tensor_parallel_size),  # each rank holds its KV heads
-                self.kv_dtype,
-                bs,
-                self.device,
-                config.kv_cache_memory_gb,
-                config.gpu_memory_utilization,
-            )
-            # before the block pool is built: an absurd budget must fail now, not hang building it
-            check_kv_cache_fits(config, num_blocks, kv_bytes_per_block(self.arch, self.kv_dtype, bs), self.device)
+        num_blocks = kind.num_blocks(self.arch, self.kv_dtype)
         self.kv = get_allocator(
             config.cache,
             num_blocks,
@@ -139,20 +109,9 @@ class Engine:
             config.structured_outputs_config,
             self.max_model_len,
         )
-        self.executor, self.model, self.spec = build_executor(
-            config,
-            spec,
-            self.backend,
-            num_blocks,
-            num_cpu_blocks,
-            self.device,
-            self.dtype,
-            self.sampler,
-            sim,
-            host_copy_cost(config, block_bytes) if sim else None,
-        )
+        self.executor, self.model, self.spec = kind.build(spec, self.sampler, num_blocks, num_cpu_blocks, block_bytes)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
-        self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config, sim) else None
+        self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config) else None
         self.inflight = None  # (start, SchedulerOutput, Future) of the step running on the pipeline
         # requests whose next step must see their last token on the host (penalties, grammars, prompt
         # logprobs): while one runs, a step is finished before the next is scheduled
@@ -161,9 +120,9 @@ class Engine:
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
         self.input_processor = InputProcessor(config, self.max_model_len, self.arch.vocab_size, self.kv, self.sampler)
-        self.decode_runs = None  # a simulation's step skipping (step(horizon=...))
-        if sim is not None and sim.config.skip_steps and self.spec is None:
-            self.decode_runs = DecodeRuns(self.scheduler, self.kv, self.executor, self._emit_step)
+        # a simulation's step skipping (step(horizon=...)); None: one step at a time
+        speculating = self.spec is not None
+        self.decode_runs = kind.decode_runs(self.scheduler, self.kv, self.executor, self._emit_step, speculating)
 
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
@@ -200,14 +159,15 @@ class Engine:
             self._needs_last_tokens.update(s.request_id for s in sequences)
         return request
 
-    def _async_scheduling(self, config: EngineConfig, sim) -> bool:
-        """Overlap by default on CUDA; never in a simulation (its clock is the cost model's) or with
-        speculative decoding (the next step's drafts need this step's tokens)."""
-        wanted = config.async_scheduling
+    def _async_scheduling(self, config: EngineConfig) -> bool:
+        """As the executor kind has it by default (the real engine: on CUDA); never where it refuses (a
+        simulation: its clock is the cost model's) or with speculative decoding (the next step's drafts
+        need this step's tokens)."""
+        wanted, speculating = config.async_scheduling, self.spec is not None
         if wanted is None:
-            return self.device.type == "cuda" and config.executor == "real" and self.spec is None
-        if wanted and (sim is not None or self.spec is not None):
-            what = "a simulation" if sim is not None else "speculative decoding"
+            return self.executor_kind.async_by_default(speculating)
+        what = self.executor_kind.async_refused or ("speculative decoding" if speculating else None)
+        if wanted and what:
             raise ValueError(f"async_scheduling cannot overlap {what}: set async_scheduling=false")
         return wanted
 

@@ -55,7 +55,12 @@ def check_engine_config(config) -> None:
     gb = config.kv_cache_memory_gb
     if not is_real(gb) or not 0 < gb < math.inf:
         raise ValueError(f"kv_cache_memory_gb must be a finite number > 0, got {gb!r}")
-    if config.num_blocks is None and config.executor == "real" and _uses_cpu(config.device):
+
+
+def check_host_memory(config) -> None:
+    """A KV cache of kv_cache_memory_gb allocated in host memory (the real engine on CPU) fits what is free."""
+    gb = config.kv_cache_memory_gb
+    if config.num_blocks is None and _uses_cpu(config.device):
         available = available_host_bytes()
         if available is not None and gb * GIB > available:
             raise ValueError(
@@ -67,8 +72,6 @@ def check_engine_config(config) -> None:
 def check_kv_cache_fits(config, num_blocks: int, bytes_per_block: int, device) -> None:
     """The KV cache about to be allocated fits the device: host memory available now (CPU), free GPU memory
     (CUDA, when num_blocks was given; sized from free memory it fits by construction)."""
-    if config.executor in ("null", "sim"):  # no KV tensors are allocated
-        return
     need = num_blocks * bytes_per_block
     available: int | None
     if str(device).startswith("cuda"):

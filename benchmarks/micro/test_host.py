@@ -1,4 +1,4 @@
-"""Microbenchmark: the engine's host-side cost per decode step (null executor: no model runs).
+"""Microbenchmark: the engine's host-side cost per decode step (host executor: no model runs).
 
 Run on purpose (not under testpaths): `python -m pytest benchmarks/test_bench_host.py --benchmark-only`.
 One step = schedule + KV-cache bookkeeping + input preparation + output handling for N running requests,

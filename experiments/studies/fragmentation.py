@@ -7,7 +7,7 @@ reserved / internal / external / free slots, which partition the cache). Per run
     busy    over the steps in which requests were waiting (the cache under pressure: what the vLLM
             paper's Fig. 2 measures, "during the experiment" at high load)
     step    over all steps
-(not over time: with the null executor (executor=host) a step's duration is host time, not a GPU step's). Runs of one
+(not over time: with the host executor a step's duration is host time, not a GPU step's). Runs of one
 allocator and block size are repeats (their own workload draw and seed): the tables give the mean over
 repeats and the half-width of its 95% t interval. Writes allocators.csv, block_size.csv (means, CI
 bounds, n), README.md's tables (results/fragmentation/README.md keeps its prose above the marker line)

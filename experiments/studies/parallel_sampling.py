@@ -6,7 +6,7 @@ Kwon et al., SOSP'23, Sec. 6.3: "Fig. 15 plots the amount of memory saving, comp
 we saved by sharing divided by the number of total blocks without sharing": 6.1%-9.8% on Alpaca and
 16.2%-30.5% on ShareGPT for parallel sampling (n = 2, 4, 6; OPT-13B, their serving runs).
 
-What runs: this engine with the null executor (no model: memory is what is measured; the KV allocator,
+What runs: this engine with the host executor (no model: memory is what is measured; the KV allocator,
 scheduler and fork are the real ones), block_size 16 (the paper's), a cache large enough that nothing waits
 or is preempted, requests arriving as a Poisson process in engine steps, every sequence generating exactly
 its output length (ignore_eos). Per workload, n and repeat (a fresh workload seed each), three systems over
@@ -88,7 +88,7 @@ def run(system: str, n: int, w: Workload) -> dict:
     engine = Engine(
         EngineConfig(
             model="tiny",
-            executor="null",
+            executor="host",
             block_size=BLOCK_SIZE,
             num_blocks=60_000,  # no request ever waits for memory (asserted below)
             max_model_len=MAX_MODEL_LEN,

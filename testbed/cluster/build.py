@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from testbed.cluster.config import ClusterConfig
 from testbed.cluster.routers import get_router
 from testbed.cluster.simulated import SimulatedCluster
 from testbed.config import EngineConfig
+from testbed.executor_kinds import executor_kind
 
 
 def replica_config(config: EngineConfig, index: int) -> EngineConfig:
     """Replica `index`'s engine config: the same engine, its own seeds (sampling, simulated draws), so
     replicas draw independently; replica 0 is exactly the single-engine config."""
-    sim = dict(config.sim_config or {})
-    if "seed" in sim or config.executor == "sim":
-        sim["seed"] = (sim.get("seed") or 0) + index
-    return dataclasses.replace(
-        config, seed=config.seed + index, sim_config=sim if config.executor == "sim" else config.sim_config
-    )
+    return executor_kind(config.executor).replica_config(config, index)
 
 
 def build_simulated_cluster(config: EngineConfig, cluster: ClusterConfig) -> SimulatedCluster:
     from testbed import Engine
     from testbed.sim.clock import VirtualClock
 
-    if config.executor != "sim":
+    if not executor_kind(config.executor).simulated:
         raise ValueError(f"a simulated cluster needs executor=sim, got executor={config.executor!r}")
     if (config.sim_config or {}).get("cost_model") == "replay_steps":
         raise ValueError("cost_model=replay_steps replays one recorded engine's clock: it cannot price a cluster")

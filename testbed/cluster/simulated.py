@@ -24,6 +24,7 @@ from testbed.cluster.replica import SimReplica
 from testbed.cluster.routers import Router, RouteRequest
 from testbed.outputs import RequestOutput
 from testbed.sampling_params import SamplingParams
+from testbed.sim.clock import VirtualClock
 
 # event kinds, in the order they run when they fall on the same instant: KV transfers land, then steps
 # end and deliver their finished requests (the caller may send new ones, as a client would), then the
@@ -42,7 +43,7 @@ class SimulatedCluster:
         if not engines:
             raise ValueError("a cluster needs at least one engine")
         for engine in engines:
-            if engine.config.executor != "sim" or not hasattr(engine.clock, "advance"):
+            if not engine.executor_kind.simulated or not isinstance(engine.clock, VirtualClock):
                 raise ValueError("a simulated cluster needs engines with executor=sim on a VirtualClock")
         self.replicas = [SimReplica(i, e, (roles or ["mixed"] * len(engines))[i]) for i, e in enumerate(engines)]
         self.router = router
@@ -209,4 +210,4 @@ class SimulatedCluster:
 
     @property
     def simulated_seconds(self) -> float:
-        return sum(getattr(r.engine.executor, "simulated_seconds", 0.0) for r in self.replicas)
+        return sum(r.engine.executor.simulated_seconds for r in self.replicas)

@@ -1,6 +1,6 @@
 """The one executor interface: run a SchedulerOutput, return what it sampled.
 
-Implemented by the model runner (a real forward), the null executor (no model: host-side cost) and the
+Implemented by the model runner (a real forward), the host executor (no model: host-side cost) and the
 simulated executor (a cost model on a virtual clock). The SchedulerOutput carries everything an executor
 needs (block-table changes, swap copies, finished ids); an executor never reads the scheduler's state.
 

@@ -1,7 +1,5 @@
-"""Build the executor the config asks for, with everything it needs, in one pass (no part is completed
-or replaced afterwards)."""
-
-from typing import NamedTuple
+"""Build the real executor (executor=real: the model runs here) with everything it needs, in one pass (no part
+is completed or replaced afterwards)."""
 
 import torch
 
@@ -10,24 +8,23 @@ from testbed.executor.block_tables import BlockTables
 from testbed.executor.cuda_graphs import CudaGraphRunner, default_capture_sizes, use_cuda_graphs
 from testbed.executor.host_buffers import InputBuffers
 from testbed.executor.host_memory import keep_freed_memory
+from testbed.executor.kind import ExecutorParts
 from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache, kv_cache_dtype
 from testbed.executor.model_runner import ModelRunner
-from testbed.executor.null_executor import NullExecutor
 from testbed.executor.sampler import Sampler
 from testbed.models.build import ModelSpec, build_model
 from testbed.parallel.config import shard_arch
 from testbed.parallel.start import start_tensor_parallel
-from testbed.spec import SpeculativeConfig, Speculator, build_speculator, proposer_class
+from testbed.spec import SpeculativeConfig, build_speculator, proposer_class
 from testbed.spec.draft import DraftModelProposer, num_scratch_blocks
 
 # block-table columns beyond max_model_len's blocks: speculative lookahead
 LOOKAHEAD_BLOCKS = 8
 
 
-class ExecutorParts(NamedTuple):
-    executor: object  # an Executor (testbed.executor.base)
-    model: torch.nn.Module | None  # the target model (None: no model runs)
-    speculator: Speculator | None  # drafts after each step (the engine's side of it)
+def table_width(spec: ModelSpec, block_size: int) -> int:
+    """Block-table columns: max_model_len's blocks and the speculative lookahead."""
+    return -(-spec.max_model_len // block_size) + LOOKAHEAD_BLOCKS
 
 
 def build_executor(
@@ -39,34 +36,11 @@ def build_executor(
     device: torch.device,
     dtype: torch.dtype,
     sampler: Sampler,
-    sim=None,
-    host_copy_cost=None,
 ) -> ExecutorParts:
-    """num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool);
-    sim: the simulation plan (testbed.sim.build.SimPlan) when config.executor == "sim"; host_copy_cost: its
-    price of the host KV tier's copies (testbed.sim.host_copies), None without the tier."""
-    eos = set(spec.eos_token_ids)
-    token = next(t for t in range(len(eos) + 1) if t not in eos)  # never ends a request by itself
-    if config.executor == "sim":
-        from testbed.sim.build import build_sim_executor
-
-        executor, speculator = build_sim_executor(
-            sim,
-            spec,
-            token,
-            config.speculative_config,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            host_copy_cost,
-        )
-        return ExecutorParts(executor, None, speculator)
-    width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS
+    """The model runner (tensor parallel: rank 0's, the workers started) with its model and speculator.
+    num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool)."""
+    width = table_width(spec, config.block_size)
     tables = BlockTables(width, config.max_num_seqs)
-    if config.executor == "null":
-        seqs = config.max_num_seqs
-        buffers = InputBuffers(config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, "cpu", False)
-        return ExecutorParts(NullExecutor(tables, buffers, token, config.null_step_time_s), None, None)
-
     if device.type == "cpu":
         keep_freed_memory()
     tp = start_tensor_parallel(config, spec, backend.name, num_blocks, num_cpu_blocks, device, dtype)

@@ -17,18 +17,19 @@ def tp_kernel(kernel: str, tensor_parallel_size: int, device_type: str) -> str:
 
 
 def check_parallel_config(config) -> None:
-    """What an EngineConfig alone shows TP cannot run (called when the config is made)."""
+    """The TP settings' own ranges (called when the config is made; each executor kind checks what it runs)."""
     n = config.tensor_parallel_size
     if n < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {n}")
     if config.distributed_timeout_s <= 0:
         raise ValueError(f"distributed_timeout_s must be > 0, got {config.distributed_timeout_s}")
-    if n == 1:
+
+
+def check_model_parallel(config) -> None:
+    """What an EngineConfig alone shows the real engine cannot run split over its ranks (a simulation's
+    tensor parallelism is priced by testbed.parallel.sim_cost instead)."""
+    if config.tensor_parallel_size == 1:
         return
-    if config.executor == "sim":
-        return  # priced by testbed.parallel.sim_cost (testbed.sim.build checks the cost model)
-    if config.executor == "null":
-        raise ValueError("parallel.tensor_parallel_size > 1 runs with executor=real or executor=sim, not null")
     if config.kernel not in ("auto",) + TP_KERNELS:
         raise ValueError(
             f"kernel={config.kernel} does not run under tensor parallelism (it fuses the decoder layers past the "

@@ -6,7 +6,7 @@ import torch
 
 from testbed.cluster.links import load_link
 from testbed.parallel.sim_cost import rank_arch
-from testbed.sim.clock import VirtualClock
+from testbed.sim.clock import ReplayClock, VirtualClock
 from testbed.sim.config import SimConfig
 from testbed.sim.cost_models import REPLAY_STEPS, CostContext, build_cost_model, cost_model_class
 from testbed.sim.devices import DeviceSpec
@@ -16,7 +16,7 @@ from testbed.sim.executor import SimExecutor
 @dataclass
 class SimPlan:
     config: SimConfig
-    clock: object  # VirtualClock, or the recorded run's ReplayClock
+    clock: VirtualClock | ReplayClock  # a VirtualClock, or the recorded run's ReplayClock
     dtype: torch.dtype
     kernel: str  # the kernel a profile was measured with (auto resolves to it); else as configured
     recorded: object | None = None  # testbed.sim.recorded_run.RecordedRun (replay_steps)
@@ -46,11 +46,9 @@ class SimPlan:
         return num_blocks
 
 
-def plan_simulation(engine_config, clock=None) -> SimPlan | None:
-    """None unless engine_config.executor == "sim". Checks the cost model's inputs exist before anything
-    is built (unknown device, missing profile or recorded run: a clear error now)."""
-    if engine_config.executor != "sim":
-        return None
+def plan_simulation(engine_config, clock=None) -> SimPlan:
+    """The simulation an executor=sim engine runs. Checks the cost model's inputs exist before anything is
+    built (unknown device, missing profile or recorded run: a clear error now)."""
     sim = SimConfig.from_any(engine_config.sim_config or {})
     tp = engine_config.tensor_parallel_size
     if tp > 1 and sim.cost_model not in ("roofline", "profile"):

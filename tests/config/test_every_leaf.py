@@ -45,7 +45,7 @@ ALTERNATIVES = {
     "device.name": ["my-gpu"],
     "device.torch_device": ["cpu", "cuda"],
     "device.source": ["measured"],
-    "executor.name": ["null", "real"],
+    "executor.name": ["host", "real"],
     "executor.cost_model": ["roofline", "profile"],
     "executor.profile": ["other.json"],
     "executor.run": ["results/x/run"],

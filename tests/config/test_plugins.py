@@ -81,7 +81,7 @@ def run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 WORKLOAD = [
     "model=tiny",
-    "executor=host",  # the null executor: the scheduler alone decides the order
+    "executor=host",  # the host executor: the scheduler alone decides the order
     "trace=synthetic",
     "trace.num_requests=6",
     "trace.rate=null",

@@ -81,7 +81,7 @@ def test_requests_needing_their_last_token_are_served_in_order():
 
 def test_the_next_step_is_prepared_while_this_one_runs():
     """With a device that holds each step for 30 ms, the host schedules and stages step N+1 inside step N."""
-    llm = LLM(model="tiny", executor="null", null_step_time_s=0.03, async_scheduling=True, num_blocks=400)
+    llm = LLM(model="tiny", executor="host", host_step_time_s=0.03, async_scheduling=True, num_blocks=400)
     executor = llm.engine.executor
     runs, prepares = [], []
     run, prepare = executor.run, executor.prepare

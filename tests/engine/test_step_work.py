@@ -1,6 +1,6 @@
 """The per-step work that is claimed to be O(changed requests) is: counted in calls and rows, not time.
 
-In a steady decode step (null executor, N requests decoding) the allocator is called only for requests
+In a steady decode step (host executor, N requests decoding) the allocator is called only for requests
 whose next token needs a block or fills one (the rest stay below their slot limit), the block-table
 changes pushed to the executor name only the requests that took a block, the executor's block tables
 rewrite only those rows, and the batch's row index is reused while the batch is unchanged."""

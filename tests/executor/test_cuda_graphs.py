@@ -102,8 +102,8 @@ def test_block_tables_match_naive(monkeypatch, mode):
     assert len(tables.row_of) <= llm.engine.config.max_num_seqs  # finished requests are forgotten
 
 
-def test_null_executor_runs_requests_to_completion():
-    llm = LLM(model="tiny", executor="null", num_blocks=200, max_num_seqs=4)
+def test_host_executor_runs_requests_to_completion():
+    llm = LLM(model="tiny", executor="host", num_blocks=200, max_num_seqs=4)
     outs = llm.generate(random_prompts(6, 5, 30), SamplingParams(max_tokens=7, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 7 for o in outs)
     assert llm.engine.executor.last_inputs is not None

@@ -123,7 +123,7 @@ def test_tp2_matches_tp1_with_async_scheduling():
     [
         (dict(kernel="cpu"), "kernel=cpu does not run under tensor parallelism"),
         (dict(speculative_config={"method": "layerskip", "num_layers": 1}), "spec=layerskip"),
-        (dict(executor="null"), "executor=real or executor=sim"),
+        (dict(executor="host"), "executor=real or executor=sim"),
         (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
     ],
 )

@@ -85,7 +85,7 @@ def test_config_id_ignores_seeds_repeats_and_outputs():
 def test_redraw_default_is_by_executor():
     assert redraw_workload({"executor": {"name": "sim"}, "replay": {"redraw_workload": None}})
     assert not redraw_workload({"executor": {"name": "real"}, "replay": {"redraw_workload": None}})
-    named = {"executor": {"name": "null"}, "replay": {"redraw_workload": None, "repeat_seeds": ["trace.seed"]}}
+    named = {"executor": {"name": "host"}, "replay": {"redraw_workload": None, "repeat_seeds": ["trace.seed"]}}
     assert redraw_workload(named)
     with pytest.raises(ValueError, match="replay.redraw_workload"):
         redraw_workload({"replay": {"redraw_workload": "yes"}})

@@ -4,7 +4,8 @@ It does the host half of a real step (the same block tables, staged inputs and b
 and then "samples" a fixed token for every request that needs one. With it, an engine step is schedule +
 KV-cache bookkeeping + input preparation + output handling, and nothing else. With `step_time_s` it holds
 the "device" that long per step (sleeping, which frees the host): what a model of that speed would
-leave to overlap with (async scheduling). Select it with `EngineConfig(executor="null")`.
+leave to overlap with (async scheduling). Select it with `EngineConfig(executor="host")`
+(testbed.executor.kind.HostKind).
 """
 
 import time
@@ -16,7 +17,7 @@ from testbed.executor.host_buffers import InputBuffers
 from testbed.executor.inputs import ModelInputs, StagedInputs, stage_inputs
 
 
-class NullExecutor(StepExecutor):
+class HostExecutor(StepExecutor):
     def __init__(self, tables: BlockTables, buffers: InputBuffers, token_id: int, step_time_s: float = 0.0):
         self.tables = tables
         self.input_buffers = buffers

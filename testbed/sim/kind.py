@@ -1,0 +1,70 @@
+"""executor=sim: the real scheduler, KV cache and policies; each step priced by a cost model on a virtual
+clock (testbed.sim.build). Nothing runs on a device: the simulated one is the cost model's."""
+
+import dataclasses
+
+from testbed.executor.kind import ExecutorKind, ExecutorParts, filler_token
+from testbed.sim.build import build_sim_executor, plan_simulation
+from testbed.sim.config import SimConfig
+from testbed.sim.decode_runs import DecodeRuns
+from testbed.sim.host_copies import host_copy_cost
+
+
+class SimKind(ExecutorKind):
+    name = "sim"
+    simulated = True
+    async_refused = "a simulation"  # its clock is the cost model's: there is no host time to overlap
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        SimConfig.from_any(config.sim_config or {})  # tensor parallelism: priced by testbed.parallel.sim_cost
+
+    @classmethod
+    def engine_fields(cls, group: dict, device: dict) -> dict:
+        """Every key but `name` is a SimConfig field (it refuses those it does not know); the device group is
+        the simulated device's spec sheet."""
+        sim = {k: v for k, v in group.items() if k != "name"}
+        return {"sim_config": ({**sim, "device": device}, "executor")}
+
+    @classmethod
+    def replica_config(cls, config, index: int):
+        """Also the simulation's own draws (speculative acceptance) seeded per replica."""
+        sim = dict(config.sim_config or {})
+        sim["seed"] = (sim.get("seed") or 0) + index
+        return dataclasses.replace(config, seed=config.seed + index, sim_config=sim)
+
+    def __init__(self, config, clock=None):
+        super().__init__(config, clock)
+        self.plan = plan_simulation(config, clock)  # the cost model's inputs checked before anything is built
+        self.clock, self.dtype, self.kernel = self.plan.clock, self.plan.dtype, self.plan.kernel
+
+    def num_blocks(self, arch, kv_dtype) -> int:
+        config = self.config
+        return config.num_blocks or self.plan.num_blocks(
+            arch, config.block_size, config.gpu_memory_utilization, config.kv_cache_memory_gb
+        )
+
+    def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
+        config = self.config
+        executor, speculator = build_sim_executor(
+            self.plan,
+            spec,
+            filler_token(spec),
+            config.speculative_config,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            host_copy_cost(config, block_bytes),
+        )
+        return ExecutorParts(executor, None, speculator)
+
+    def decode_runs(self, scheduler, kv, executor, emit_step, speculating: bool):
+        if self.plan.config.skip_steps and not speculating:
+            return DecodeRuns(scheduler, kv, executor, emit_step)
+        return None
+
+    def summary(self, executor) -> dict:
+        """The cost model's identity (device, profile, fit) and the simulated seconds, as sim_* keys."""
+        return {f"sim_{k}": v for k, v in executor.identity.items()}
+
+    def sleep(self, seconds: float) -> None:
+        self.plan.clock.sleep(seconds)  # idle time is virtual
