@@ -255,8 +255,7 @@ def replay_specs(
 
     recorder = (recorder or Recorder()).attach(engine)
     # the prefix cache's block-access stream (experiments.kv_whatif): paged caches only
-    start_log = getattr(engine.kv, "start_access_log", None)
-    access_log = start_log() if start_log is not None and config_value(cfg, "metrics.kv_access_log", False) else None
+    access_log = engine.kv.start_access_log() if config_value(cfg, "metrics.kv_access_log", False) else None
     wandb = WandbLogger(config_value(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
     recorder.listeners.append(wandb.log_step)
     bar = tqdm(

@@ -50,7 +50,7 @@ class DisaggregatedCluster(SimulatedCluster):
         roles = ["prefill"] * len(prefill_engines) + ["decode"] * len(decode_engines)
         super().__init__(engines, router, roles)
         for engine in engines:
-            if getattr(engine.kv, "pool", None) is None or not engine.kv.enable_prefix_caching:
+            if engine.kv.pool is None or not engine.kv.enable_prefix_caching:
                 raise ValueError(
                     "P/D disaggregation hands KV over through the decode replica's prefix cache: it needs "
                     "cache=paged with prefix caching on"

@@ -19,7 +19,7 @@ class SimReplica:
         self.busy = False  # a step is in flight: its end is on the cluster's event heap
         self.in_flight: list[RequestOutput] = []  # finished outputs of the step in flight
         self.num_routed = 0
-        pool = getattr(engine.kv, "pool", None)  # paged allocators have a block pool with a prefix cache
+        pool = engine.kv.pool  # paged allocators have a block pool with a prefix cache
         self._cached = pool.hash_to_block if pool is not None else {}
 
     # ---- the router's view: the engine's own state (it runs ahead by at most the step in flight) ----

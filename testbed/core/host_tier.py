@@ -166,7 +166,7 @@ def attach_host_tier(config, kv, num_cpu_blocks: int | None, bytes_per_block: in
     tier = HostTierConfig.from_any(config.host_tier)
     if not tier.enabled:
         return num_cpu_blocks
-    if not hasattr(kv, "host_tier") or not config.enable_prefix_caching:
+    if not kv.supports_host_tier or not config.enable_prefix_caching:
         raise ValueError("cache.host_tier_gb needs the paged cache with prefix caching on (cache=paged)")
     n = tier.num_blocks(bytes_per_block)
     first = num_cpu_blocks or 0

@@ -27,6 +27,8 @@ class KVCacheManager(KVAllocator):
 
     name = "paged"
     supports_fork = True
+    supports_host_tier = True
+    pool: BlockPool
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, eviction: str = "lru"):
         if block_size < 1:

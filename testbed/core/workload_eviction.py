@@ -65,7 +65,7 @@ class WorkloadAwareFreeQueue:
 
     @staticmethod
     def block_class(block) -> tuple:
-        return (getattr(block, "depth", 0).bit_length(), block.hit_count > 0)
+        return (block.depth.bit_length(), block.hit_count > 0)
 
     @property
     def num_free(self) -> int:

@@ -173,7 +173,7 @@ class ServerMetrics:
         config = engine.config
         swap = config.preemption_mode == "swap"
         info = {
-            "block_size": str(engine.kv.block_size if hasattr(engine.kv, "block_size") else config.block_size),
+            "block_size": str(engine.kv.block_size),
             "cache_dtype": str(config.kv_cache_dtype),
             "enable_prefix_caching": str(bool(config.enable_prefix_caching)),
             "num_gpu_blocks": str(engine.kv.num_blocks),
@@ -205,8 +205,8 @@ class ServerMetrics:
             self.iteration_tokens.observe(stats.num_prefill_tokens + stats.num_decode_tokens)
             if stats.grammar_time_s:
                 self.grammar_time.inc(stats.grammar_time_s)
-        spec = getattr(engine, "spec", None)
-        if spec:
+        spec = engine.spec  # the speculator (None without speculative decoding)
+        if spec is not None:
             m = spec.metrics
             self._advance(self.spec_drafts, "spec_drafts", m.num_drafts)
             self._advance(self.spec_draft_tokens, "spec_draft_tokens", m.num_draft_tokens)

@@ -92,10 +92,9 @@ def completion_prompt_ids(tokenizer, prompt: str | list[int], model: ServedModel
 async def compile_constraint(async_engine: AsyncEngine, req, params: SamplingParams) -> None:
     """Compile the output constraint in the grammar pool (off the event loop and the stepping thread),
     so admission finds it compiled; a constraint over a limit, unsatisfiable or slow to compile is a 400."""
-    sampler = getattr(async_engine.engine, "sampler", None)
-    if params.structured_outputs is None or sampler is None:
+    if params.structured_outputs is None:
         return
-    grammars = sampler.grammars
+    grammars = async_engine.engine.sampler.grammars
     try:
         await grammars.compile_async(params.structured_outputs)
     except ValueError as e:  # StructuredOutputError

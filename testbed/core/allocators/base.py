@@ -15,6 +15,7 @@ They partition the cache: the five sum to num_blocks * block_size.
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from testbed.request import Request
 
@@ -94,6 +95,10 @@ class KVAllocator:
     req_blocks: dict[str, list]
     enable_prefix_caching = False
     supports_fork = False  # shares blocks between a parallel-sampling group's sequences (fork)
+    supports_host_tier = False  # keeps evicted prefix blocks in a host KV tier (testbed.core.host_tier)
+    # a paged allocator's testbed.core.block_pool.BlockPool (its prefix cache, which a cluster's routers and
+    # P/D hand-over read); None: the allocator has no block pool
+    pool: Any = None
 
     def _init_counters(self) -> None:
         self.prefix_queries = 0  # prefix-cache counters, in tokens, over first schedulings
@@ -194,6 +199,14 @@ class KVAllocator:
 
     def num_cached_free_blocks(self) -> int:
         return 0
+
+    def start_access_log(self):
+        """Record the prefix cache's block-access stream (testbed.core.access_log) and return it; None: this
+        allocator has no prefix cache to record."""
+        return None
+
+    def stop_access_log(self) -> None:
+        """Stop recording the block-access stream (nothing to do without one)."""
 
     # ---- prefix-cache counters --------------------------------------------------------------------
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int, request=None) -> None:
