@@ -19,10 +19,7 @@ def build_simulated_cluster(config: EngineConfig, cluster: ClusterConfig) -> Sim
     from testbed import Engine
     from testbed.sim.clock import VirtualClock
 
-    if not executor_kind(config.executor).simulated:
-        raise ValueError(f"a simulated cluster needs executor=sim, got executor={config.executor!r}")
-    if (config.sim_config or {}).get("cost_model") == "replay_steps":
-        raise ValueError("cost_model=replay_steps replays one recorded engine's clock: it cannot price a cluster")
+    executor_kind(config.executor).check_cluster(config)
     engines = [Engine(replica_config(config, i), clock=VirtualClock()) for i in range(cluster.num_replicas)]
     router = get_router(cluster.router, seed=config.seed, **cluster.router_options)
     if cluster.disaggregated:

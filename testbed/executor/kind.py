@@ -44,6 +44,12 @@ class ExecutorKind:
         return {}
 
     @classmethod
+    def check_cluster(cls, config) -> None:
+        """Refuse what a simulated cluster of this kind's engines cannot run (testbed.cluster.build)."""
+        if not cls.simulated:
+            raise ValueError(f"a simulated cluster needs executor=sim, got executor={config.executor!r}")
+
+    @classmethod
     def replica_config(cls, config, index: int):
         """Replica `index`'s EngineConfig in a cluster: its own seeds, so replicas draw independently;
         replica 0's is `config`."""

@@ -51,7 +51,7 @@ def plan_simulation(engine_config, clock=None) -> SimPlan:
     built (unknown device, missing profile or recorded run: a clear error now)."""
     sim = SimConfig.from_any(engine_config.sim_config or {})
     tp = engine_config.tensor_parallel_size
-    if tp > 1 and sim.cost_model not in ("roofline", "profile"):
+    if tp > 1 and (sim.cost_model == REPLAY_STEPS or cost_model_class(sim.cost_model).tensor_parallel is None):
         raise ValueError(
             f"executor.cost_model={sim.cost_model} does not price tensor parallelism "
             "(parallel.tensor_parallel_size > 1 runs with roofline or profile)"
@@ -119,5 +119,5 @@ def _tensor_parallel(cost_model, plan: SimPlan, spec):
     from testbed.parallel.sim_cost import ScaledProfile, TensorParallelCost
 
     n = plan.tensor_parallel_size
-    per_rank = cost_model if plan.config.cost_model == "roofline" else ScaledProfile(cost_model, n)
+    per_rank = cost_model if cost_model.tensor_parallel == "rank" else ScaledProfile(cost_model, n)
     return TensorParallelCost(per_rank, spec.arch, plan.dtype.itemsize, n, load_link(plan.config.tp_link))

@@ -6,6 +6,7 @@ import dataclasses
 from testbed.executor.kind import ExecutorKind, ExecutorParts, filler_token
 from testbed.sim.build import build_sim_executor, plan_simulation
 from testbed.sim.config import SimConfig
+from testbed.sim.cost_models import REPLAY_STEPS
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.host_copies import host_copy_cost
 
@@ -25,6 +26,11 @@ class SimKind(ExecutorKind):
         the simulated device's spec sheet."""
         sim = {k: v for k, v in group.items() if k != "name"}
         return {"sim_config": ({**sim, "device": device}, "executor")}
+
+    @classmethod
+    def check_cluster(cls, config) -> None:
+        if SimConfig.from_any(config.sim_config or {}).cost_model == REPLAY_STEPS:
+            raise ValueError("cost_model=replay_steps replays one recorded engine's clock: it cannot price a cluster")
 
     @classmethod
     def replica_config(cls, config, index: int):

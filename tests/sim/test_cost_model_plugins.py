@@ -30,6 +30,10 @@ class ConstantCost(CostModel):
         return self.step_s
 
 
+class RankConstant(ConstantCost):
+    tensor_parallel = "rank"  # the constant is one rank's step: the collectives come on top
+
+
 class NotACostModel:
     pass
 """
@@ -88,3 +92,19 @@ def test_a_users_cost_model_prices_every_step(tmp_path, mymod):
 def test_a_wrong_cost_model_or_option_is_refused_before_the_run(mymod, overrides, match):
     with pytest.raises(ValueError, match=match):  # the settings (names, options) or the build (values)
         Engine(run_settings(cfg("executor.cost_model=mymod:ConstantCost", *overrides)).engine)
+
+
+def test_a_users_cost_model_prices_tensor_parallelism_only_when_it_says_how(mymod):
+    from testbed.config import EngineConfig
+    from testbed.sampling_params import SamplingParams
+
+    def engine(cost_model):
+        sim = {"cost_model": cost_model, "cost_model_options": {"step_ms": 1.0}, "device": "h100-sxm"}
+        return Engine(EngineConfig(model="tiny", executor="sim", tensor_parallel_size=2, sim_config=sim))
+
+    with pytest.raises(ValueError, match="does not price tensor parallelism"):
+        engine("mymod:ConstantCost")
+    tp = engine("mymod:RankConstant")
+    tp.add_request("a", list(range(100, 132)), SamplingParams(max_tokens=1, ignore_eos=True))
+    tp.step()
+    assert tp.clock() > 0.001  # the rank's constant step plus the all-reduces over the TP link

@@ -35,6 +35,10 @@ class CostModel:
     # where the KV capacity comes from: "device" (its memory after the weights; the model then needs a device
     # spec sheet) or "budget" (cache.memory_gb)
     kv_capacity = "budget"
+    # how it prices one rank of a tensor-parallel group (testbed.parallel.sim_cost): "rank" (built from the
+    # rank's own share of the shape), "scaled" (the whole model's cost scaled by 1/N past its fixed terms);
+    # None: it does not price tensor parallelism
+    tensor_parallel: str | None = None
 
     @classmethod
     def resolve(cls, sim, dtype: str | None, kernel: str) -> tuple[str, str]:

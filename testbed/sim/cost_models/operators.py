@@ -138,6 +138,7 @@ class OperatorCost(ProfileCost):
     (model, kernel, dtype, calibrated range) are ProfileCost's."""
 
     name = "operators"
+    tensor_parallel = None  # per-operator times of one whole model: not split over ranks
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ from testbed.sim.shape import StepShape
 class RooflineCost(CostModel):
     name = "roofline"
     kv_capacity = "device"
+    tensor_parallel = "rank"
 
     @classmethod
     def build(cls, ctx: CostContext) -> "RooflineCost":  # type: ignore[override]
