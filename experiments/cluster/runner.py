@@ -58,9 +58,10 @@ CLUSTER_SWEEP_COLUMNS = (
 def build_cluster(cfg, cluster_cfg: ClusterConfig):
     """(cluster, engines or None, a replica engine or model spec for the trace loader)."""
     from experiments.engine_config import engine_config_from_cfg
+    from testbed.executor_kinds import executor_kind
 
     config = engine_config_from_cfg(cfg)
-    if config.executor == "sim":
+    if executor_kind(config.executor).simulated:
         from testbed.cluster.build import build_simulated_cluster
 
         cluster = build_simulated_cluster(config, cluster_cfg)
@@ -204,7 +205,7 @@ def replay_cluster(
         if engines is not None:
             summary.update(spec_summary(engines[0]))
             summary.update(executor_summary(engines[0]))
-            if summary.get("executor") == "sim":  # the whole cluster's simulated work, not replica 0's
+            if engines[0].executor_kind.simulated:  # the whole cluster's simulated work, not replica 0's
                 summary["sim_simulated_seconds"] = cluster.simulated_seconds
                 summary["sim_steps"] = sum(e.executor.num_steps for e in engines)
         else:  # replica processes: what they resolved kernel=auto to
