@@ -79,7 +79,7 @@ def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
 
 class ProfileCost(CostModel):
     name = "profile"
-    tensor_parallel = "scaled"
+    tensor_parallel: str | None = "scaled"
 
     @classmethod
     def resolve(cls, sim, dtype, kernel):

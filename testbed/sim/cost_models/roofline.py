@@ -20,7 +20,7 @@ from testbed.sim.shape import StepShape
 class RooflineCost(CostModel):
     name = "roofline"
     kv_capacity = "device"
-    tensor_parallel = "rank"
+    tensor_parallel: str | None = "rank"
 
     @classmethod
     def build(cls, ctx: CostContext) -> "RooflineCost":  # type: ignore[override]
