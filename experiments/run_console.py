@@ -7,8 +7,10 @@ from rich.table import Table
 
 
 def print_summary(summary: dict, engine, run_dir: Path, console: Console | None = None) -> None:
+    from testbed.executor_kinds import executor_kind
+
     cfg = engine.config
-    if engine.executor_kind.simulated:  # a simulated figure says so, and what priced it
+    if executor_kind(cfg.executor).simulated:  # a simulated figure says so, and what priced it
         ran_on = f"SIMULATED: {summary.get('sim_cost_model')} {summary.get('sim_device') or ''}".rstrip()
     else:
         ran_on = f"kernel={engine.kernel} | device={engine.device}"
