@@ -60,6 +60,9 @@ class SamplingParams:
     # ---- parallel sampling (vLLM's n / best_of; testbed.sequence_group) ----
     n: int = 1  # completions returned
     best_of: int | None = None  # sequences sampled (>= n; None = n); the n with the highest cumulative logprob return
+    # vLLM's free-form args for plugins; read here: "request_class", the workload label of a request's cached
+    # blocks (cache.eviction=workload, testbed/core/workload_eviction.py)
+    extra_args: dict | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -112,6 +115,7 @@ class SamplingParams:
             ("stop_token_ids", all(is_int(t) for t in self.stop_token_ids), "a list of int token ids"),
             ("n", is_int(self.n), "an int"),
             ("best_of", self.best_of is None or is_int(self.best_of), "an int or None"),
+            ("extra_args", self.extra_args is None or isinstance(self.extra_args, dict), "a dict or None"),
         ]
         for name, ok, kind in expected:
             if not ok:

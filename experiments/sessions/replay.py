@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import replace
 
 import pandas as pd
 
 from experiments.replay import INF, Replay
 from experiments.traces import RequestSpec
+from testbed import SamplingParams
 
 from .types import Session
+
+MAX_TURN_CLASS = 7  # turns past this share one eviction class
 
 TURN_COLUMNS = ["request_id", "session_id", "turn", "think_s", "new_tokens", "history_tokens", "prompt_tokens"]
 
@@ -149,6 +153,10 @@ class SessionReplay(SessionTurns, Replay):
 
     def request_finished(self, output) -> None:
         self.turn_finished(output, self.replicas.now)
+
+    def params(self, spec: RequestSpec) -> SamplingParams:
+        # the request class of workload-aware eviction (testbed/core/workload_eviction.py): the turn index
+        return replace(super().params(spec), extra_args={"request_class": min(spec.meta["turn"], MAX_TURN_CLASS)})
 
     def run(self, sessions, mode: str = "sessions", concurrency: int | None = None) -> None:
         if mode != "sessions":

@@ -14,7 +14,7 @@ from testbed.core.access_log import KVAccessLog
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "hit_count", "depth")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free", "hit_count", "depth", "request_class")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -24,6 +24,7 @@ class KVCacheBlock:
         self.next_free: KVCacheBlock | None = None
         self.hit_count = 0  # prefix hits since cached (for frequency-aware eviction)
         self.depth = 0  # position in its prefix chain when cached (for workload-aware eviction)
+        self.request_class: object = None  # the caching request's workload label (workload-aware eviction)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -170,13 +171,14 @@ class BlockPool:
                 if self.access_log is not None:
                     self.access_log.release(block.block_hash)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int, depth: int = 0) -> None:
+    def cache_block(self, block: KVCacheBlock, block_hash: int, depth: int = 0, request_class: object = None) -> None:
         """Register a newly full block under its chained hash (a duplicate stays hittable, see above);
-        depth: its position in the prompt's chain of blocks."""
+        depth: its position in the prompt's chain of blocks; request_class: the caching request's label."""
         if not self.enable_caching or block.block_hash is not None:
             return
         block.block_hash = block_hash
         block.depth = depth
+        block.request_class = request_class
         if self.access_log is not None:
             self.access_log.cache(block_hash)
         first = self.hash_to_block.setdefault(block_hash, block)

@@ -235,8 +235,10 @@ class KVCacheManager(KVAllocator):
         if num_full <= start:
             return
         self._update_hashes(request, num_full * self.block_size)
+        extra = request.sampling_params.extra_args
+        label = extra.get("request_class") if extra else None  # workload-aware eviction's request class
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i], i)
+            self.pool.cache_block(blocks[i], request.block_hashes[i], i, label)
         self.req_num_hashed[rid] = num_full
 
     def free(self, request: Request) -> None:

@@ -3,8 +3,9 @@ Characterizing and Optimizing KVCache Cache at a Large Cloud Provider" (Wang et 
 
 That study finds that whether a block is reused depends on the kind of request it came from and falls
 with the time since its last use, and evicts the block with the lowest predicted reuse probability instead
-of the least recently used one. Here a free block's class is (its depth in the prefix chain, bucketed by
-powers of two; whether it was ever hit), and for each class the queue learns online, from what it sees,
+of the least recently used one. Here a free block's class is (the label of the request that cached it,
+its depth in the prefix chain, bucketed by powers of two; whether it was ever hit), and for each class the
+queue learns online, from what it sees,
 
     p(class, age) = (reuses of blocks idle longer than `age`) / (free periods that lasted longer than `age`)
 
@@ -14,8 +15,9 @@ a free block; a free period also ends at eviction (censored). Blocks caching not
 block with the lowest p; within a class p falls with age, so only each class's oldest block competes, and
 ties (no data yet) fall back to least recently freed, i.e. LRU.
 
-Where it deviates: the engine carries no workload label (the paper's classes are workload types such as
-to-C chat and API calls, and turn numbers), so the class is the block's prefix depth and hit history; and
+Where it deviates: the paper's classes are workload types (to-C chat, API calls) and turn numbers; here
+the label is what a request's `SamplingParams.extra_args["request_class"]` says (replay=sessions: the turn
+index, capped at 7; other replays none), completed by the block's prefix depth and hit history; and
 age is counted in blocks freed since (the cache's own churn), not wall-clock seconds, so a simulation and a
 real run age blocks alike. The paper fits an exponential per class; this uses the empirical histogram.
 """
@@ -65,7 +67,7 @@ class WorkloadAwareFreeQueue:
 
     @staticmethod
     def block_class(block) -> tuple:
-        return (block.depth.bit_length(), block.hit_count > 0)
+        return (block.request_class, block.depth.bit_length(), block.hit_count > 0)
 
     @property
     def num_free(self) -> int:

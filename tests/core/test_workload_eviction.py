@@ -73,3 +73,36 @@ def test_the_class_with_the_lower_learned_reuse_is_evicted_first():
     # LRU would evict block 2 (freed first); the deep blocks, with only the prior, go before it
     assert [q.popleft().block_id for _ in range(4)] == [3, 4, 5, 2]
     assert len(q) == 0
+
+
+def test_the_request_class_label_separates_blocks_of_one_depth():
+    """Blocks of one depth and hit history differ only by their caching request's label (a session's turn
+    index): the label whose blocks were reused is kept, the other evicted first."""
+    blocks = [KVCacheBlock(i) for i in range(6)]
+    for b in blocks:
+        b.block_hash, b.depth, b.request_class = 100 + b.block_id, 0, 0 if b.block_id < 3 else 1
+    q = WorkloadAwareFreeQueue([])
+    for b in blocks:
+        q.append(b)
+    q.remove(blocks[0])
+    q.remove(blocks[1])
+    assert [q.popleft().block_id for _ in range(4)] == [3, 4, 5, 2]
+    # without labels the six blocks share one class: least recently freed first
+    q = WorkloadAwareFreeQueue([])
+    for b in blocks:
+        b.request_class = None
+        q.append(b)
+    q.remove(blocks[0])
+    q.remove(blocks[1])
+    assert [q.popleft().block_id for _ in range(4)] == [2, 3, 4, 5]
+
+
+def test_the_kv_manager_labels_cached_blocks_with_the_request_class():
+    kv = KVCacheManager(8, 2, True, eviction="workload")
+    r = Request("r", [1, 2, 3, 4, 5], SamplingParams(extra_args={"request_class": 3}))
+    blocks, cached = kv.get_computed_blocks(r)
+    kv.allocate_slots(r, 5 - cached, blocks)
+    r.num_computed_tokens = 5
+    kv.free(r)
+    labelled = [b for b in kv.pool.blocks if b.block_hash is not None]
+    assert len(labelled) == 2 and all(b.request_class == 3 for b in labelled)
