@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from operator import attrgetter
 
+import numpy as np
 import pandas as pd
 
 # Columns of the requests table, in order (times: seconds on the engine clock).
@@ -119,12 +120,124 @@ def kv_fields(kv) -> dict:
     return row
 
 
+def step_row(stats) -> dict:
+    """A StepStats as a row of the steps table."""
+    row = {
+        "step": stats.step,
+        "start_time": stats.start_time,
+        "duration_s": stats.duration_s,
+        "num_seqs": stats.num_seqs,
+        "num_prefill_tokens": stats.num_prefill_tokens,
+        "num_decode_tokens": stats.num_decode_tokens,
+        "num_preempted": stats.num_preempted,
+        "num_waiting": stats.num_waiting,
+        "num_running": stats.num_running,
+    }
+    # optional fields: spec decode; structured output's grammar time (seconds of the step)
+    for name in ("num_spec_tokens", "num_accepted_tokens", "grammar_time_s"):
+        if hasattr(stats, name):
+            row[name] = getattr(stats, name)
+    for name in STEP_ID_COLUMNS:  # who ran and who was preempted (list columns; experiments.compare)
+        row[name] = getattr(stats, name, None) or []
+    row.update(kv_fields(stats.kv))
+    return row
+
+
+def run_columns(run) -> dict[str, list] | None:
+    """A decode run's rows (testbed.step_stats.StepRun) as columns, equal to step_row of each step; None
+    where its cache stats are not all plain numbers of one type."""
+    k, n = len(run), run.num_seqs
+    kv = kv_columns(run.kv)
+    if kv is None:
+        return None
+    columns = {
+        "step": list(range(run.first_step, run.first_step + k)),
+        "start_time": run.start_times,
+        "duration_s": run.durations(),
+        "num_seqs": [n] * k,
+        "num_prefill_tokens": [0] * k,
+        "num_decode_tokens": [n] * k,
+        "num_preempted": [0] * k,
+        "num_waiting": [run.num_waiting] * k,
+        "num_running": [n] * k,
+        "grammar_time_s": [run.grammar_time_s] + [0.0] * (k - 1),
+        "scheduled_ids": [run.scheduled_ids] * k,
+        "scheduled_tokens": [run.scheduled_tokens] * k,
+        "prefill_ids": [[] for _ in range(k)],
+        "preempted_ids": [[] for _ in range(k)],
+    }
+    columns.update(kv)
+    return columns
+
+
+def kv_columns(stats: list) -> dict[str, list] | None:
+    """kv_fields of each KVCacheStats, as columns (None unless they are one dataclass of plain ints)."""
+    kind = type(stats[0])
+    if not dataclasses.is_dataclass(kind) or any(type(s) is not kind for s in stats):
+        return None
+    kv_fields(stats[0])  # makes the type's getter
+    getter, keys = _DATACLASS_FIELDS[kind]
+    values = list(zip(*map(getter, stats)))
+    if any(set(map(type, column)) != {int} for column in values):
+        return None
+    columns = {key: list(column) for key, column in zip(keys, values)}
+    names = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_slots", "internal_slots")
+    names += ("external_slots", "free_slots", "slack_token_slots")
+    if any(f"kv_{name}" not in columns for name in names):
+        return None
+    num_blocks, block_size, used, token, reserved, internal, external, free, slack = (
+        np.asarray(columns[f"kv_{name}"], dtype=np.int64) for name in names
+    )
+    if (num_blocks <= 0).any() or (block_size <= 0).any():
+        return None
+    # the derived ratios, as kv_fields computes them (int / int and a sum of ints: the same doubles)
+    total = num_blocks * block_size
+    columns["kv_usage"] = (used / num_blocks).tolist()
+    whole = token + reserved + internal + external + free == total
+    columns["frag_internal"] = np.where(whole, internal / total, slack / total).tolist()
+    columns["frag_reserved"] = np.where(whole, reserved / total, 0.0).tolist()
+    columns["frag_external"] = np.where(whole, external / total, 0.0).tolist()
+    return columns
+
+
+def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, list] | None:
+    """The steps table's columns from step rows and decode runs kept whole (each before which row); None
+    where they do not all have the same columns in the same order (the caller then makes every row)."""
+    parts, at = [], 0
+    for position, run in runs:
+        if position > at:
+            parts.append(rows[at:position])
+        columns = run_columns(run)
+        if columns is None:
+            return None
+        parts.append(columns)
+        at = position
+    if at < len(rows):
+        parts.append(rows[at:])
+    first = parts[0]
+    keys = list(first if isinstance(first, dict) else first[0])
+    out: dict[str, list] = {key: [] for key in keys}
+    for part in parts:
+        if isinstance(part, dict):
+            if list(part) != keys:
+                return None
+            for key in keys:
+                out[key] += part[key]
+        else:
+            if any(list(row) != keys for row in part):
+                return None
+            for key in keys:
+                out[key] += [row[key] for row in part]
+    return out
+
+
 class Recorder:
     def __init__(self, keep_text: bool = False):
         self.keep_text = keep_text  # keep each finished request's output text (small demo runs)
         self.texts: dict[str, str] = {}
         self.requests: dict[str, dict] = {}
-        self.steps: list[dict] = []
+        self._rows: list[dict] = []  # step rows, and decode runs kept whole (before which row)
+        self._runs: list[tuple[int, object]] = []
         self.listeners = []  # called with each step row (progress bar, W&B)
         self._engine = None
 
@@ -132,36 +245,43 @@ class Recorder:
     def attach(self, engine) -> Recorder:
         self._engine = engine
         engine.step_callbacks.append(self.on_step)
+        engine.run_callbacks[self.on_step] = self.on_run
         return self
 
     def detach(self) -> None:
         if self._engine is not None and self.on_step in self._engine.step_callbacks:
             self._engine.step_callbacks.remove(self.on_step)
+            self._engine.run_callbacks.pop(self.on_step, None)
         self._engine = None
 
     # ---- events -------------------------------------------------------------------------------
     def on_step(self, stats) -> None:
-        row = {
-            "step": stats.step,
-            "start_time": stats.start_time,
-            "duration_s": stats.duration_s,
-            "num_seqs": stats.num_seqs,
-            "num_prefill_tokens": stats.num_prefill_tokens,
-            "num_decode_tokens": stats.num_decode_tokens,
-            "num_preempted": stats.num_preempted,
-            "num_waiting": stats.num_waiting,
-            "num_running": stats.num_running,
-        }
-        # optional fields: spec decode; structured output's grammar time (seconds of the step)
-        for name in ("num_spec_tokens", "num_accepted_tokens", "grammar_time_s"):
-            if hasattr(stats, name):
-                row[name] = getattr(stats, name)
-        for name in STEP_ID_COLUMNS:  # who ran and who was preempted (list columns; experiments.compare)
-            row[name] = getattr(stats, name, None) or []
-        row.update(kv_fields(stats.kv))
-        self.steps.append(row)
+        row = step_row(stats)
+        self._rows.append(row)
         for listener in self.listeners:
             listener(row)
+
+    def on_run(self, run) -> None:
+        """A simulation's decode run (testbed.step_stats.StepRun), kept whole: its rows are made only
+        when someone reads them (steps), the steps table takes its columns directly."""
+        if self.listeners:  # they take rows
+            for j in range(len(run)):
+                self.on_step(run.step(j))
+            return
+        self._runs.append((len(self._rows), run))
+
+    @property
+    def steps(self) -> list[dict]:
+        """One row per step, in order (the rows of decode runs made now)."""
+        if self._runs:
+            rows, at = [], 0
+            for position, run in self._runs:
+                rows += self._rows[at:position]
+                rows += (step_row(run.step(j)) for j in range(len(run)))
+                at = position
+            rows += self._rows[at:]
+            self._rows, self._runs = rows, []
+        return self._rows
 
     def on_add(self, spec, arrival_time: float, replica: int | None = None) -> None:
         """A request sent (replica: where it went; one engine's table has no replica column)."""
@@ -226,4 +346,7 @@ class Recorder:
         return requests_frame(self.requests.values())
 
     def steps_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.steps)
+        if not self._runs:
+            return pd.DataFrame(self._rows)
+        columns = step_columns(self._rows, self._runs)
+        return pd.DataFrame(self.steps if columns is None else columns)

@@ -257,7 +257,8 @@ def replay_specs(
     # the prefix cache's block-access stream (experiments.kv_whatif): paged caches only
     access_log = engine.kv.start_access_log() if config_value(cfg, "metrics.kv_access_log", False) else None
     wandb = WandbLogger(config_value(cfg, "wandb"), run_dir, resolved, name=run_dir.name, group=experiment)
-    recorder.listeners.append(wandb.log_step)
+    if wandb.run is not None:  # step rows only for a listener that uses them (a simulation's runs stay whole)
+        recorder.listeners.append(wandb.log_step)
     bar = tqdm(
         total=len(specs),
         unit="req",
@@ -272,7 +273,8 @@ def replay_specs(
         if row["step"] % 8 == 0:
             bar.set_postfix(run=row["num_running"], wait=row["num_waiting"], kv=f"{row['kv_usage']:.0%}", refresh=False)
 
-    recorder.listeners.append(on_step)
+    if not bar.disable:
+        recorder.listeners.append(on_step)
     replay = (SessionReplay if mode == "sessions" else Replay).of_engine(
         engine,
         recorder,

@@ -2,7 +2,6 @@
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
 import logging
-from dataclasses import dataclass, field
 from operator import attrgetter
 
 from testbed.config import EngineConfig
@@ -27,32 +26,11 @@ from testbed.parallel.config import check_tensor_parallel
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.sequence_group import SequenceGroup
+from testbed.step_stats import StepRun, StepStats
 
 logger = logging.getLogger(__name__)
 
 _request_id = attrgetter("request_id")
-
-
-@dataclass
-class StepStats:
-    step: int
-    start_time: float
-    duration_s: float
-    num_seqs: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_preempted: int
-    num_waiting: int
-    num_running: int
-    kv: KVCacheStats
-    grammar_time_s: float = 0.0  # structured output's share of the step (grammar masks, matcher updates)
-    # who ran (for explaining latency differences, experiments.compare): ids in batch order, the tokens
-    # each got, those that were prefilling (a prompt chunk, or recomputation after a preemption), and
-    # the requests preempted in this step
-    scheduled_ids: list[str] = field(default_factory=list)
-    scheduled_tokens: list[int] = field(default_factory=list)
-    prefill_ids: list[str] = field(default_factory=list)
-    preempted_ids: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -119,10 +97,15 @@ class Engine:
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
+        # step callback -> what takes a simulation's decode run in one go (a StepRun) instead of its
+        # steps one by one (experiments.recorder)
+        self.run_callbacks: dict = {}
         self.input_processor = InputProcessor(config, self.max_model_len, self.arch.vocab_size, self.kv, self.sampler)
         # a simulation's step skipping (step(horizon=...)); None: one step at a time
         speculating = self.spec is not None
-        self.decode_runs = kind.decode_runs(self.scheduler, self.kv, self.executor, self._emit_step, speculating)
+        self.decode_runs = kind.decode_runs(
+            self.scheduler, self.kv, self.executor, self._emit_run, self._kv_stats, speculating
+        )
 
     # ---- requests -----------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
@@ -324,9 +307,7 @@ class Engine:
         advances in one go, testbed.sim.decode_runs)."""
         self.step_count += 1
         scheduler = self.scheduler
-        kv = self.kv.running_stats(
-            scheduler.running, scheduler.running_computed_tokens, self.max_model_len, scheduler.blocked_request
-        )
+        kv = self._kv_stats()
         self.last_stats = StepStats(
             self.step_count,
             start,
@@ -346,6 +327,37 @@ class Engine:
         )
         for callback in self.step_callbacks:
             callback(self.last_stats)
+
+    def _kv_stats(self) -> KVCacheStats:
+        scheduler = self.scheduler
+        return self.kv.running_stats(
+            scheduler.running, scheduler.running_computed_tokens, self.max_model_len, scheduler.blocked_request
+        )
+
+    def _emit_run(self, start_times: list[float], end_times: list[float], kv: list[KVCacheStats]) -> None:
+        """Count a simulation's decode run (testbed.sim.decode_runs) and hand it to the callbacks: whole
+        to those registered in run_callbacks, as one StepStats per step to the others."""
+        run = StepRun(
+            self.step_count + 1,
+            start_times,
+            end_times,
+            kv,
+            self.scheduler.num_waiting,
+            list(map(_request_id, self.scheduler.running)),
+            self.sampler.take_grammar_time(),
+        )
+        self.step_count += len(run)
+        steps = None
+        for callback in self.step_callbacks:
+            whole = self.run_callbacks.get(callback)
+            if whole is not None:
+                whole(run)
+                continue
+            if steps is None:
+                steps = run.step_stats()
+            for stats in steps:
+                callback(stats)
+        self.last_stats = steps[-1] if steps is not None else run.step(len(run) - 1)
 
     @property
     def spec_stats(self) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from testbed.models.arch import ModelArch
 from testbed.parallel.config import shard_arch
+from testbed.sim.cost_models.base import CostModel
 
 
 def rank_arch(arch: ModelArch, n: int) -> ModelArch:
@@ -45,7 +46,7 @@ def all_gather_s(num_bytes: float, n: int, link) -> float:
     return (n - 1) / n * num_bytes / (link.bandwidth_gbs * 1e9) + (n - 1) * link.latency_us * 1e-6
 
 
-class ScaledProfile:
+class ScaledProfile(CostModel):
     """A one-device profile as one rank's share: fixed per-step and per-sequence terms, the rest / n."""
 
     def __init__(self, profile, n: int):
@@ -60,7 +61,7 @@ class ScaledProfile:
         return fixed + (self.profile.step_time(s) - fixed) / self.n
 
 
-class TensorParallelCost:
+class TensorParallelCost(CostModel):
     """A rank's cost model plus the step's collectives over `link`."""
 
     def __init__(self, per_rank, arch: ModelArch, dtype_bytes: int, n: int, link):

@@ -24,7 +24,6 @@ import heapq
 from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.policies.base import SchedulingPolicy
 from testbed.request import RequestStatus
-from testbed.sim.shape import StepShape
 
 
 def _steady(policy: SchedulingPolicy) -> bool:
@@ -39,12 +38,14 @@ def _steady(policy: SchedulingPolicy) -> bool:
 
 
 class DecodeRuns:
-    def __init__(self, scheduler, kv, executor, emit_step):
-        """emit_step(start, num_seqs, num_prefill, num_decode, ids, tokens): the engine's step record."""
+    def __init__(self, scheduler, kv, executor, emit_run, kv_stats):
+        """emit_run(start_times, end_times, kv): the engine's record of the run's steps; kv_stats(): the
+        cache's state as the engine reports it after a step."""
         self.scheduler = scheduler
         self.kv = kv
         self.executor = executor
-        self.emit_step = emit_step
+        self.emit_run = emit_run
+        self.kv_stats = kv_stats
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self._steady_policy = _steady(scheduler.policy)
         self._paged = isinstance(kv, KVCacheManager)
@@ -84,7 +85,7 @@ class DecodeRuns:
         if max_steps <= 0:
             return 0
         sched, kv, ex = self.scheduler, self.kv, self.executor
-        clock, cost_model, token = ex.clock, ex.cost_model, ex.token_id
+        clock, cost_model, token, kv_stats = ex.clock, ex.cost_model, ex.token_id, self.kv_stats
         running = list(sched.running)
         n = len(running)
         base = [len(r.all_token_ids) for r in running]  # known tokens when the run starts
@@ -93,43 +94,58 @@ class DecodeRuns:
         events = [(limits.get(r.request_id, -1) - base[i] + 1, i) for i, r in enumerate(running)]
         heapq.heapify(events)
         materialized = [0] * n  # run tokens already appended to each request
-        times: list[float] = []
-        ids = [r.request_id for r in running]
-        ones = [1] * n
+        starts: list[float] = []
+        ends: list[float] = []  # the clock after each step: the time of the token it gave
+        kv_after: list = []
+        prices: list[float] = []  # the cost model's price of step j (without host-tier copies)
         context = sum(base)  # decode_context of the first step: each request attends to its known tokens
+        next_event = 0  # the first step that may allocate (step 0 also takes what the last update left)
+        simulated = ex.simulated_seconds
         j = 0
         while j < max_steps:
             start = clock()
             if start >= horizon:
                 break
-            due = []
-            while events and events[0][0] <= j:
-                due.append(heapq.heappop(events)[1])
-            if due and not self._allocate(running, base, due, j, times, materialized, token):
+            copies = None
+            if next_event <= j:
+                due = []
+                while events and events[0][0] <= j:
+                    due.append(heapq.heappop(events)[1])
+                if due and not self._allocate(running, base, due, j, ends, materialized, token):
+                    for i in due:
+                        heapq.heappush(events, (j, i))
+                    break
+                # what schedule() takes each step: block-table changes (nothing reads them in a
+                # simulation) and block copies (the host KV tier's, priced as the executor prices them);
+                # only allocations make either during a run
+                kv.take_block_updates()
+                copies = kv.take_copies()
                 for i in due:
-                    heapq.heappush(events, (j, i))
-                break
-            # what schedule() takes each step: block-table changes (nothing reads them in a simulation)
-            # and block copies (the host KV tier's, priced as the executor prices them)
-            kv.take_block_updates()
-            copies = kv.take_copies()
-            for i in due:
-                limit = limits.get(running[i].request_id, -1)
-                heapq.heappush(events, (max(limit - base[i] + 1, j + 1), i))
-            sched.running_computed_tokens += n
-            ex.num_steps += 1
-            dt = cost_model.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, context + j * n))
+                    limit = limits.get(running[i].request_id, -1)
+                    heapq.heappush(events, (max(limit - base[i] + 1, j + 1), i))
+                next_event = events[0][0] if events else max_steps
+            if j == len(prices):  # priced in blocks: most runs end at the next arrival
+                count = min(max_steps - j, max(32, j))
+                prices.extend(cost_model.decode_step_times(n, context + j * n, count))
+            dt = prices[j]
             if copies and ex.copy_cost is not None:
                 dt += ex.copy_cost.extra_time(copies, dt)
+            sched.running_computed_tokens += n
             clock.advance(dt)
-            ex.simulated_seconds += dt
-            times.append(clock())
-            self.emit_step(start, n, 0, n, ids, ones)
+            simulated += dt
+            starts.append(start)
+            ends.append(clock())
+            kv_after.append(kv_stats())
             j += 1
+        if j == 0:
+            return 0
+        ex.num_steps += j
+        ex.simulated_seconds = simulated
         for i, r in enumerate(running):
-            self._materialize(r, materialized, i, j, times, token)
+            self._materialize(r, materialized, i, j, ends, token)
             r.num_computed_tokens = base[i] - 1 + j
         self.num_skipped += j
+        self.emit_run(starts, ends, kv_after)
         return j
 
     def _allocate(self, running, base, due, j, times, materialized, token) -> bool:

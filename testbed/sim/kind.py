@@ -63,9 +63,9 @@ class SimKind(ExecutorKind):
         )
         return ExecutorParts(executor, None, speculator)
 
-    def decode_runs(self, scheduler, kv, executor, emit_step, speculating: bool):
+    def decode_runs(self, scheduler, kv, executor, emit_run, kv_stats, speculating: bool):
         if self.plan.config.skip_steps and not speculating:
-            return DecodeRuns(scheduler, kv, executor, emit_step)
+            return DecodeRuns(scheduler, kv, executor, emit_run, kv_stats)
         return None
 
     def summary(self, executor) -> dict:

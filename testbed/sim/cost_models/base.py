@@ -61,3 +61,10 @@ class CostModel:
 
     def step_time(self, shape: StepShape) -> float:
         raise NotImplementedError
+
+    def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
+        """step_time of `count` consecutive pure decode steps of num_seqs requests, one token each: the
+        first attends to first_context KV tokens, each later one to num_seqs more (a decode run,
+        testbed.sim.decode_runs). A model may price them at once; the prices must equal step_time's."""
+        n = num_seqs
+        return [self.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, first_context + i * n)) for i in range(count)]

@@ -12,6 +12,8 @@ testbed/parallel/sim_cost.py). Not modelled: kernel launch gaps beyond the overh
 activation traffic, sampling cost, and the host work of scheduling (assumed hidden).
 """
 
+import numpy as np
+
 from testbed.sim.cost_models.base import CostContext, CostModel
 from testbed.sim.devices import DeviceSpec
 from testbed.sim.shape import StepShape
@@ -70,3 +72,19 @@ class RooflineCost(CostModel):
         kv_write = self.kv_bytes_per_token * s.num_tokens / bw
         overhead = 1e-6 * (self.device.step_overhead_us + self.device.seq_overhead_us * s.num_seqs)
         return linear + prefill + decode + kv_write + overhead
+
+    def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
+        """step_time of a decode run's steps at once: the same operations in the same order on float64,
+        so each price equals step_time's to the last bit while the KV-token products stay exact in a
+        double (below 2**53; beyond, one by one)."""
+        last = first_context + (count - 1) * num_seqs
+        if count < 4 or max(self.attn_flops_per_pair, self.kv_bytes_per_token) * last >= 2**53:
+            return super().decode_step_times(num_seqs, first_context, count)
+        flops, bw, n = self.device.flops, self.device.bandwidth, num_seqs
+        # the parts that do not change with the context, as step_time computes them
+        linear = max((2 * self.linear_params * n + 2 * self.head_params * n) / flops, self.weight_bytes / bw)
+        kv_write = self.kv_bytes_per_token * n / bw
+        overhead = 1e-6 * (self.device.step_overhead_us + self.device.seq_overhead_us * n)
+        context = first_context + n * np.arange(count, dtype=np.int64)
+        decode = np.maximum(self.attn_flops_per_pair * context / flops, self.kv_bytes_per_token * context / bw)
+        return ((((linear + 0.0) + decode) + kv_write) + overhead).tolist()

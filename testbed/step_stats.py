@@ -1,0 +1,80 @@
+"""What the engine reports of the steps it ran: one StepStats per step, or a StepRun for a run of decode
+steps a simulation advanced in one go (testbed.sim.decode_runs), column by column."""
+
+from dataclasses import dataclass, field
+
+from testbed.core.allocators.base import KVCacheStats
+
+
+@dataclass
+class StepStats:
+    step: int
+    start_time: float
+    duration_s: float
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    num_waiting: int
+    num_running: int
+    kv: KVCacheStats
+    grammar_time_s: float = 0.0  # structured output's share of the step (grammar masks, matcher updates)
+    # who ran (for explaining latency differences, experiments.compare): ids in batch order, the tokens
+    # each got, those that were prefilling (a prompt chunk, or recomputation after a preemption), and
+    # the requests preempted in this step
+    scheduled_ids: list[str] = field(default_factory=list)
+    scheduled_tokens: list[int] = field(default_factory=list)
+    prefill_ids: list[str] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepRun:
+    """Consecutive pure decode steps with one batch: the same requests, one token each, none prefilling,
+    preempted, waiting or finishing. Per step only the times and the cache's state differ."""
+
+    first_step: int  # the step number of the first
+    start_times: list[float]
+    end_times: list[float]  # the clock after each step (its duration is end - start, as StepStats')
+    kv: list[KVCacheStats]  # after each step
+    num_waiting: int
+    scheduled_ids: list[str]
+    grammar_time_s: float = 0.0  # the first step's (what the engine had gathered since the last step)
+    scheduled_tokens: list[int] = field(init=False)  # one each
+
+    def __post_init__(self) -> None:
+        self.scheduled_tokens = [1] * len(self.scheduled_ids)
+
+    def __len__(self) -> int:
+        return len(self.start_times)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled_ids)
+
+    def durations(self) -> list[float]:
+        return [end - start for start, end in zip(self.start_times, self.end_times)]
+
+    def step(self, j: int) -> StepStats:
+        """The StepStats step j of the run would have had, stepped one by one."""
+        n, start = self.num_seqs, self.start_times[j]
+        return StepStats(
+            self.first_step + j,
+            start,
+            self.end_times[j] - start,
+            n,
+            0,
+            n,
+            0,
+            self.num_waiting,
+            n,
+            self.kv[j],
+            self.grammar_time_s if j == 0 else 0.0,
+            self.scheduled_ids,
+            self.scheduled_tokens,
+            [],
+            [],
+        )
+
+    def step_stats(self) -> list[StepStats]:
+        return [self.step(j) for j in range(len(self))]
