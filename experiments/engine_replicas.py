@@ -2,8 +2,9 @@
 cluster: `now` is the engine's clock, `run_until(t)` is one Engine.step, or, with nothing to do, sleeping on
 the engine's clock until t (a simulation's sleep is virtual).
 
-A step's horizon is `t`: the driver sends nothing before t unless a request finishes, and Engine.step ends a
-simulated decode run at a finish, so with one replica the caller's `quiet_until` adds nothing. With
+A step's horizon is `t`: the driver sends nothing before t unless a request finishes. Engine.step ends a
+simulated decode run at a finish, unless the driver sends nothing before t even then (`quiet_until` >= t:
+offline, open loop), when the run goes on past it (Engine.step's sends_on_finish). With
 `step_by_step` (a run with a deadline) every step is one step, so the deadline is checked between steps.
 """
 
@@ -57,7 +58,8 @@ class EngineReplicas:
 
     def run_until(self, time: float, quiet_until: float | None = None) -> list[Delivered]:
         if self.engine.has_unfinished():
-            outputs = self.engine.step(None if self.step_by_step else time)
+            quiet = quiet_until is not None and quiet_until >= time
+            outputs = self.engine.step(None if self.step_by_step else time, sends_on_finish=not quiet)
             return [Delivered(0, out) for out in outputs if out.finished]
         if time < INF:
             wait = time - self.engine.clock()

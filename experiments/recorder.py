@@ -143,14 +143,12 @@ def step_row(stats) -> dict:
     return row
 
 
-def run_columns(run) -> dict[str, list] | None:
-    """A decode run's rows (testbed.step_stats.StepRun) as columns, equal to step_row of each step; None
-    where its cache stats are not all plain numbers of one type."""
+def run_columns(run) -> dict[str, list]:
+    """A decode run's rows (testbed.step_stats.StepRun) as columns, equal to step_row of each step up to
+    the cache's (kv_columns)."""
     k, n = len(run), run.num_seqs
-    kv = kv_columns(run.kv)
-    if kv is None:
-        return None
-    columns = {
+    empty: list = []  # one empty list for every row (nobody writes into a step row)
+    return {
         "step": list(range(run.first_step, run.first_step + k)),
         "start_time": run.start_times,
         "duration_s": run.durations(),
@@ -163,15 +161,18 @@ def run_columns(run) -> dict[str, list] | None:
         "grammar_time_s": [run.grammar_time_s] + [0.0] * (k - 1),
         "scheduled_ids": [run.scheduled_ids] * k,
         "scheduled_tokens": [run.scheduled_tokens] * k,
-        "prefill_ids": [[] for _ in range(k)],
-        "preempted_ids": [[] for _ in range(k)],
+        "prefill_ids": [empty] * k,
+        "preempted_ids": [empty] * k,
     }
-    columns.update(kv)
-    return columns
+
+
+KV_PARTS = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_slots", "internal_slots")
+KV_PARTS += ("external_slots", "free_slots", "slack_token_slots")
 
 
 def kv_columns(stats: list) -> dict[str, list] | None:
-    """kv_fields of each KVCacheStats, as columns (None unless they are one dataclass of plain ints)."""
+    """kv_fields of each KVCacheStats, as columns (None unless they are one dataclass of plain ints with
+    the KVCacheStats fields and a cache of at least one block)."""
     kind = type(stats[0])
     if not dataclasses.is_dataclass(kind) or any(type(s) is not kind for s in stats):
         return None
@@ -181,12 +182,10 @@ def kv_columns(stats: list) -> dict[str, list] | None:
     if any(set(map(type, column)) != {int} for column in values):
         return None
     columns = {key: list(column) for key, column in zip(keys, values)}
-    names = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_slots", "internal_slots")
-    names += ("external_slots", "free_slots", "slack_token_slots")
-    if any(f"kv_{name}" not in columns for name in names):
+    if any(f"kv_{name}" not in columns for name in KV_PARTS):
         return None
     num_blocks, block_size, used, token, reserved, internal, external, free, slack = (
-        np.asarray(columns[f"kv_{name}"], dtype=np.int64) for name in names
+        np.asarray(columns[f"kv_{name}"], dtype=np.int64) for name in KV_PARTS
     )
     if (num_blocks <= 0).any() or (block_size <= 0).any():
         return None
@@ -203,15 +202,20 @@ def kv_columns(stats: list) -> dict[str, list] | None:
 def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, list] | None:
     """The steps table's columns from step rows and decode runs kept whole (each before which row); None
     where they do not all have the same columns in the same order (the caller then makes every row)."""
-    parts, at = [], 0
+    kv = kv_columns([stats for _, run in runs for stats in run.kv])  # every run's at once
+    if kv is None:
+        return None
+    parts: list = []
+    at = offset = 0
     for position, run in runs:
         if position > at:
             parts.append(rows[at:position])
+            at = position
         columns = run_columns(run)
-        if columns is None:
-            return None
+        end = offset + len(run)
+        columns.update((key, values[offset:end]) for key, values in kv.items())
+        offset = end
         parts.append(columns)
-        at = position
     if at < len(rows):
         parts.append(rows[at:])
     first = parts[0]

@@ -172,7 +172,7 @@ class Engine:
         return self.inflight is not None or self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------------
-    def step(self, horizon: float | None = None) -> list[RequestOutput]:
+    def step(self, horizon: float | None = None, sends_on_finish: bool = True) -> list[RequestOutput]:
         """One step: schedule -> execute -> update -> outputs -> drafts. With async scheduling the next
         step is scheduled and started before this one's tokens are read, and the outputs returned are
         those of the step that finished (one behind).
@@ -180,7 +180,9 @@ class Engine:
         horizon: the caller adds no request before the clock reaches it. A simulation may then advance
         the pure decode steps that follow this one and start before it in one go (testbed.sim.decode_runs:
         the same steps, step records and request times as stepping; their outputs, none finished, are not
-        returned). None: one step."""
+        returned). None: one step. sends_on_finish: the caller may add a request when one finishes
+        (closed loop, sessions), so a step in which one finished ends there; False (it sends by the clock
+        alone, as an open-loop replay): the horizon holds past it."""
         if self.pipeline is not None:
             return self._step_overlapped()
         start = self.clock()
@@ -189,7 +191,11 @@ class Engine:
             self._check_not_stalled()
             return []
         outputs = self._finish_step(start, sched, self._guarded(sched, self.executor.execute, sched))
-        if horizon is not None and self.decode_runs is not None and not any(o.finished for o in outputs):
+        if (
+            horizon is not None
+            and self.decode_runs is not None
+            and not (sends_on_finish and any(o.finished for o in outputs))
+        ):
             self.decode_runs.run(horizon)
         return outputs
 
@@ -303,8 +309,8 @@ class Engine:
         prefill_ids: list[str] | None = None,
         preempted_ids: list[str] | None = None,
     ) -> None:
-        """Count a step that ran and hand its StepStats to the callbacks (also for the steps a simulation
-        advances in one go, testbed.sim.decode_runs)."""
+        """Count a step that ran and hand its StepStats to the callbacks (a simulation's decode runs:
+        _emit_run)."""
         self.step_count += 1
         scheduler = self.scheduler
         kv = self._kv_stats()

@@ -15,12 +15,7 @@ FILE = "kv_accesses.parquet"
 
 
 def access_frame(log) -> pd.DataFrame:
-    kinds, rids, ntoks, hashes = [], [], [], []
-    for kind, rid, n, hs in log.events:
-        kinds.append(kind)
-        rids.append(rid)
-        ntoks.append(n)
-        hashes.append(list(hs))
+    kinds, rids, ntoks, hashes = log.columns()
     df = pd.DataFrame({"kind": kinds, "request_id": rids, "num_tokens": ntoks, "hashes": hashes})
     df["num_tokens"] = df["num_tokens"].astype("Int64")
     return df

@@ -20,30 +20,55 @@ LOOKUP, CACHE, RELEASE = "lookup", "cache", "release"
 
 class KVAccessLog:
     def __init__(self) -> None:
-        self._blocks: list[tuple] = []  # cache and release events: (kind, None, None, hashes tuple)
-        self._lookups: list[tuple] = []  # (position in _blocks, (LOOKUP, request id, prompt tokens, hashes))
+        # cache and release events, column by column: kind, and the block's hash (None: a release of a
+        # block holding no full prefix)
+        self._kinds: list[str] = []
+        self._hashes: list[int | None] = []
+        self._lookups: list[tuple] = []  # (position in the block events, (LOOKUP, request id, prompt tokens, hashes))
         self._mark = 0
 
     def mark(self) -> None:
         """A prefix lookup is being made now (the scheduler records it once its allocation succeeded)."""
-        self._mark = len(self._blocks)
+        self._mark = len(self._kinds)
 
     def lookup(self, request_id: str, num_tokens: int, hashes) -> None:
         self._lookups.append((self._mark, (LOOKUP, request_id, num_tokens, tuple(hashes))))
 
+    def cache(self, block_hash: int) -> None:
+        self._kinds.append(CACHE)
+        self._hashes.append(block_hash)
+
+    def release(self, block_hash: int | None) -> None:
+        self._kinds.append(RELEASE)
+        self._hashes.append(block_hash)
+
     @property
     def events(self) -> list[tuple]:
         """Every event in stream order: (kind, request id | None, prompt tokens | None, hashes tuple)."""
-        out, i = [], 0
-        for pos, event in self._lookups:
-            out.extend(self._blocks[i:pos])
-            i = max(i, pos)
-            out.append(event)
-        out.extend(self._blocks[i:])
-        return out
+        kinds, request_ids, num_tokens, hashes = self.columns()
+        return list(zip(kinds, request_ids, num_tokens, map(tuple, hashes)))
 
-    def cache(self, block_hash: int) -> None:
-        self._blocks.append((CACHE, None, None, (block_hash,)))
+    def columns(self) -> tuple[list, list, list, list[list[int]]]:
+        """The events in stream order as columns: kinds, request ids, prompt tokens, hash lists."""
+        kinds: list[str] = []
+        request_ids: list[str | None] = []
+        num_tokens: list[int | None] = []
+        hashes: list[list[int]] = []
 
-    def release(self, block_hash: int | None) -> None:
-        self._blocks.append((RELEASE, None, None, () if block_hash is None else (block_hash,)))
+        def blocks(start: int, end: int) -> None:
+            kinds.extend(self._kinds[start:end])
+            request_ids.extend([None] * (end - start))
+            num_tokens.extend([None] * (end - start))
+            hashes.extend([] if h is None else [h] for h in self._hashes[start:end])
+
+        i = 0
+        for position, (kind, request_id, n, lookup_hashes) in self._lookups:
+            if position > i:
+                blocks(i, position)
+                i = position
+            kinds.append(kind)
+            request_ids.append(request_id)
+            num_tokens.append(n)
+            hashes.append(list(lookup_hashes))
+        blocks(i, len(self._kinds))
+        return kinds, request_ids, num_tokens, hashes

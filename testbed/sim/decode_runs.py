@@ -4,10 +4,12 @@ Between events, a simulated engine's steps have a known shape: when nothing is w
 request decodes one token per step, no request finishes and no new one arrives, each step schedules the
 same requests in the same order, its cost is the cost model's price of a decode batch whose KV context
 grows by one token per request, and each request gets the fixed token at the step's end time. This module
-advances such a run without the per-step scheduler, executor and output passes: per step it prices the
-shape, moves the clock, makes the KV allocations the scheduler would (in the same order, at the same step:
-a request crossing into a new block, or filling one that is registered for prefix caching) and records the
-step's StepStats; the requests' token lists and times are extended once at the end.
+advances such a run without the per-step scheduler, executor and output passes: it prices the steps
+(the cost model's decode_step_times, a block of steps at a time), and per step moves the clock, makes the
+KV allocations the scheduler would (in the same order, at the same step: a request crossing into a new
+block, or filling one that is registered for prefix caching) and notes the cache's state; the requests'
+token lists and times are extended once at the end, and the engine records the run whole
+(testbed.step_stats.StepRun: what each step's StepStats would have said).
 
 The run stops before any step that could differ from the run's shape: one that would start at or after
 `horizon` (the caller adds a request then), one in which a request would finish (its length, or a stop
@@ -15,7 +17,7 @@ token), and one whose allocations the free blocks could not all satisfy (the sch
 What is not eligible at all (then nothing is skipped): waiting requests, drafts, parallel-sampling groups,
 stop strings, a policy whose order or budget can change between steps (time_dependent, or one that
 overrides begin_step / step_budget / token_budget), a recorded run's clock (replay_steps). The equality
-with stepping one by one (summary, per-request rows, every step row) is tested in
+with stepping one by one (summary, per-request rows, every step row, the block-access stream) is tested in
 tests/sim/test_decode_runs.py; `executor.skip_steps=false` turns skipping off.
 """
 

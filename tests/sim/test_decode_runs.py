@@ -1,15 +1,22 @@
 """Step skipping (testbed.sim.decode_runs) gives exactly what stepping one by one gives: the same
-summary.json, the same per-request rows (times to the last bit) and the same step rows, on several traces,
-policies and replay modes, with preemption and prefix caching; and it did skip (else the check is empty)."""
+summary.json, the same per-request rows (times to the last bit), the same step rows and the same
+block-access stream, on several traces, policies and replay modes, with preemption and prefix caching;
+and it did skip (else the check is empty). A run's steps recorded whole (columns) equal their rows, and
+the cost model's price of a whole run equals its price step by step."""
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
+import experiments.runner
+from experiments.kv_whatif.stream import FILE as ACCESS_FILE
+from experiments.recorder import Recorder
 from experiments.results import load_run
-from experiments.runner import run_trace
+from experiments.runner import build_engine, run_trace
 from testbed.sim.decode_runs import DecodeRuns
+from testbed.sim.shape import StepShape
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = ["executor=sim", "device=h100-sxm", "model=llama-3.1-8b", "progress=false", "wandb.enabled=false"]
@@ -27,6 +34,8 @@ PREFIX = [  # 4 shared system prompts of 256 tokens
 CASES = {
     "azure-fcfs-open": AZURE + ["replay=open_loop"],
     "azure-sjf-closed": AZURE + ["replay=closed_loop", "replay.concurrency=24", "scheduler=sjf"],
+    # offline and open loop send by the clock alone: a run goes on after a step in which requests finished
+    "azure-fcfs-offline": AZURE + ["replay=offline", "scheduler.max_num_seqs=48"],
     # a small cache: requests are preempted (recompute) and runs stop where the free blocks run out
     "azure-preemption": AZURE
     + ["replay=open_loop", "trace.time_scale=8", "cache.num_blocks=400", "scheduler.max_num_seqs=64"],
@@ -70,6 +79,8 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
     assert s_skip == s_step
     assert r_skip.equals(r_step)
     assert st_skip.equals(st_step)
+    accesses = [pd.read_parquet(tmp_path / name / ACCESS_FILE) for name in ("step", "skip")]
+    assert len(accesses[0]) > 0 and accesses[1].equals(accesses[0])
     if case.endswith("mlfq"):
         assert sum(skipped) == 0
     else:  # under memory pressure requests mostly wait, and nothing is skipped while they do
@@ -102,3 +113,40 @@ def test_cluster_skipping_equals_stepping(tmp_path, monkeypatch, router):
     assert r_skip.equals(r_step)
     assert st_skip.equals(st_step)
     assert sum(skipped) > 0.2 * len(st_skip)
+
+
+@pytest.mark.parametrize("listening", [False, True])
+def test_runs_recorded_whole_equal_their_rows(tmp_path, monkeypatch, listening):
+    """The recorder keeps decode runs whole and makes the steps table from columns; the rows it makes
+    when read (Recorder.steps), and those a step listener gets one by one, are the same table."""
+    recorders, heard = [], []
+
+    class Kept(Recorder):
+        def __init__(self):
+            super().__init__()
+            recorders.append(self)
+            if listening:
+                self.listeners.append(heard.append)
+
+    monkeypatch.setattr(experiments.runner, "Recorder", Kept)
+    run(tmp_path, "run", CASES["synthetic-prefix"])
+    (recorder,) = recorders
+    assert bool(recorder._runs) is not listening  # a listener takes rows: runs are then made row by row
+    columns = recorder.steps_frame()
+    rows = pd.DataFrame(recorder.steps)
+    assert not recorder._runs and len(rows) > 0
+    assert columns.equals(rows)
+    if listening:
+        assert pd.DataFrame(heard).equals(rows)
+
+
+@pytest.mark.parametrize("extra", [[], ["parallel.tensor_parallel_size=2"]])
+def test_run_prices_equal_step_prices(extra):
+    """CostModel.decode_step_times (the roofline's vectorised; tensor parallelism's step by step) gives
+    step_time's doubles exactly, also past the range where the vectorised products are exact."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=SIM + ["trace=synthetic", *extra])
+    cost = build_engine(cfg, record_clock=False).executor.cost_model
+    for n, first, count in [(1, 17, 3), (1, 17, 40), (7, 7 * 300, 100), (256, 256 * 2000, 64), (64, 2**45, 8)]:
+        expected = [cost.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, first + i * n)) for i in range(count)]
+        assert cost.decode_step_times(n, first, count) == expected
