@@ -144,7 +144,7 @@ def test_runs_recorded_whole_equal_their_rows(tmp_path, monkeypatch, listening):
 def test_run_prices_equal_step_prices(extra):
     """CostModel.decode_step_times (the roofline's vectorised; tensor parallelism's step by step) gives
     step_time's doubles exactly, also past the range where the vectorised products are exact."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=SIM + ["trace=synthetic", *extra])
     cost = build_engine(cfg, record_clock=False).executor.cost_model
     for n, first, count in [(1, 17, 3), (1, 17, 40), (7, 7 * 300, 100), (256, 256 * 2000, 64), (64, 2**45, 8)]:
