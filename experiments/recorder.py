@@ -13,6 +13,8 @@ from operator import attrgetter
 import numpy as np
 import pandas as pd
 
+from testbed.step_stats import KV_FIELDS, kv_stats_of
+
 # Columns of the requests table, in order (times: seconds on the engine clock).
 REQUEST_COLUMNS = [
     "request_id",
@@ -171,14 +173,20 @@ KV_PARTS += ("external_slots", "free_slots", "slack_token_slots")
 
 
 def kv_columns(stats: list) -> dict[str, list] | None:
-    """kv_fields of each KVCacheStats, as columns (None unless they are one dataclass of plain ints with
-    the KVCacheStats fields and a cache of at least one block)."""
-    kind = type(stats[0])
-    if not dataclasses.is_dataclass(kind) or any(type(s) is not kind for s in stats):
-        return None
-    kv_fields(stats[0])  # makes the type's getter
-    getter, keys = _DATACLASS_FIELDS[kind]
-    values = list(zip(*map(getter, stats)))
+    """kv_fields of each step's cache stats (testbed.step_stats.kv_compact: KVCacheStats field tuples, or
+    objects), as columns; None unless they are all plain ints of one type with the KVCacheStats fields
+    and a cache of at least one block."""
+    if all(type(s) is tuple for s in stats):
+        keys = [f"kv_{name}" for name in KV_FIELDS]
+        values = list(zip(*stats))
+    else:
+        objects = [kv_stats_of(s) for s in stats]
+        kind = type(objects[0])
+        if not dataclasses.is_dataclass(kind) or any(type(s) is not kind for s in objects):
+            return None
+        kv_fields(objects[0])  # makes the type's getter
+        getter, keys = _DATACLASS_FIELDS[kind]
+        values = list(zip(*map(getter, objects)))
     if any(set(map(type, column)) != {int} for column in values):
         return None
     columns = {key: list(column) for key, column in zip(keys, values)}

@@ -16,6 +16,7 @@ exits with 128 + the signal number. An exception during the replay is handled th
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import signal
@@ -26,6 +27,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from experiments.frozen_gc import frozen_gc
 from experiments.kv_metrics import kv_reuse_summary
 from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.kv_whatif.stream import access_frame
@@ -230,7 +232,15 @@ def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
     return replay_specs(cfg, run_dir, engine, sessions, trace_report=report, source=trace_cfg.get("path"))
 
 
-def replay_specs(
+def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], **options) -> dict:
+    """Replay specs on the engine, record and write the run (options: _replay_specs'). The engine and the
+    specs, then the run's records while they are written, are frozen out of the garbage collector's
+    full collections (experiments.frozen_gc)."""
+    with frozen_gc():
+        return _replay_specs(cfg, run_dir, engine, specs, **options)
+
+
+def _replay_specs(
     cfg,
     run_dir: str | Path,
     engine,
@@ -296,6 +306,7 @@ def replay_specs(
             if access_log is not None:
                 engine.kv.stop_access_log()
 
+        gc.freeze()  # the run's records: alive until written (experiments.frozen_gc)
         start = replay.start_time if replay.start_time is not None else engine.clock()
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()

@@ -26,7 +26,7 @@ from testbed.parallel.config import check_tensor_parallel
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.sequence_group import SequenceGroup
-from testbed.step_stats import StepRun, StepStats
+from testbed.step_stats import StepRun, StepStats, kv_compact
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Engine:
         # a simulation's step skipping (step(horizon=...)); None: one step at a time
         speculating = self.spec is not None
         self.decode_runs = kind.decode_runs(
-            self.scheduler, self.kv, self.executor, self._emit_run, self._kv_stats, speculating
+            self.scheduler, self.kv, self.executor, self._emit_run, self._kv_compact, speculating
         )
 
     # ---- requests -----------------------------------------------------------------------------
@@ -340,7 +340,10 @@ class Engine:
             scheduler.running, scheduler.running_computed_tokens, self.max_model_len, scheduler.blocked_request
         )
 
-    def _emit_run(self, start_times: list[float], end_times: list[float], kv: list[KVCacheStats]) -> None:
+    def _kv_compact(self):
+        return kv_compact(self._kv_stats())
+
+    def _emit_run(self, start_times: list[float], end_times: list[float], kv: list) -> None:
         """Count a simulation's decode run (testbed.sim.decode_runs) and hand it to the callbacks: whole
         to those registered in run_callbacks, as one StepStats per step to the others."""
         run = StepRun(

@@ -1,7 +1,8 @@
 """What the engine reports of the steps it ran: one StepStats per step, or a StepRun for a run of decode
 steps a simulation advanced in one go (testbed.sim.decode_runs), column by column."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 from testbed.core.allocators.base import KVCacheStats
 
@@ -28,6 +29,20 @@ class StepStats:
     preempted_ids: list[str] = field(default_factory=list)
 
 
+KV_FIELDS = tuple(f.name for f in fields(KVCacheStats))
+_kv_values = attrgetter(*KV_FIELDS)
+
+
+def kv_compact(stats: KVCacheStats):
+    """A KVCacheStats as the tuple of its fields (a tuple of ints the garbage collector stops tracking:
+    a run keeps one per step); any other stats object as it is."""
+    return _kv_values(stats) if type(stats) is KVCacheStats else stats
+
+
+def kv_stats_of(compact) -> KVCacheStats:
+    return KVCacheStats(*compact) if type(compact) is tuple else compact
+
+
 @dataclass
 class StepRun:
     """Consecutive pure decode steps with one batch: the same requests, one token each, none prefilling,
@@ -36,7 +51,7 @@ class StepRun:
     first_step: int  # the step number of the first
     start_times: list[float]
     end_times: list[float]  # the clock after each step (its duration is end - start, as StepStats')
-    kv: list[KVCacheStats]  # after each step
+    kv: list  # the cache's state after each step (kv_compact)
     num_waiting: int
     scheduled_ids: list[str]
     grammar_time_s: float = 0.0  # the first step's (what the engine had gathered since the last step)
@@ -68,7 +83,7 @@ class StepRun:
             0,
             self.num_waiting,
             n,
-            self.kv[j],
+            kv_stats_of(self.kv[j]),
             self.grammar_time_s if j == 0 else 0.0,
             self.scheduled_ids,
             self.scheduled_tokens,

@@ -42,7 +42,7 @@ def _steady(policy: SchedulingPolicy) -> bool:
 class DecodeRuns:
     def __init__(self, scheduler, kv, executor, emit_run, kv_stats):
         """emit_run(start_times, end_times, kv): the engine's record of the run's steps; kv_stats(): the
-        cache's state as the engine reports it after a step."""
+        cache's state as the engine reports it after a step (testbed.step_stats.kv_compact)."""
         self.scheduler = scheduler
         self.kv = kv
         self.executor = executor
