@@ -2,13 +2,14 @@
 
     python -m benchmarks.cluster_speed                       # 16 replicas, the full Azure conversation trace
     python -m benchmarks.cluster_speed --requests 2000 --replicas 4
+    python -m benchmarks.cluster_speed --router round_robin   # routed ahead: each replica to its next arrival
 
 Replays the Azure conversation trace (the full one, 19,366 rows, from --trace-path when it exists, else
 the shipped 1,000-row sample) open loop with arrivals sped up --time-scale times (default: as many as
 there are replicas, so each replica sees about the trace's own rate), through N simulated engines
 (llama-3.1-8b on the h100-sxm roofline model) behind a router, via the same runner as `run.py` (recorder,
 metrics, result files). Then profiles a shorter run with cProfile to name what dominates.
-Writes results/cluster/speed.{json,md}.
+Writes results/cluster/speed.{json,md} (speed-ROUTER.{json,md} for a router other than least_outstanding).
 """
 
 import argparse
@@ -46,16 +47,17 @@ def overrides(args, requests: int) -> list[str]:
     ]
 
 
-def run(args, requests: int, out: Path) -> tuple[dict, float]:
+def run(args, requests: int, out: Path) -> tuple[dict, float, float]:
+    """(summary, wall seconds, this process's CPU seconds) of one run."""
     from hydra import compose, initialize_config_module
 
     from experiments.cluster.runner import run_cluster
 
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides(args, requests))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     summary = run_cluster(cfg, out)
-    return summary, time.perf_counter() - start
+    return summary, time.perf_counter() - start, time.process_time() - cpu
 
 
 def main(argv=None) -> None:
@@ -83,7 +85,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        summary, wall = run(args, args.requests, Path(tmp) / "run")
+        summary, wall, cpu = run(args, args.requests, Path(tmp) / "run")
         load_after = load_average()
         profiler = cProfile.Profile()
         profiler.enable()
@@ -96,6 +98,7 @@ def main(argv=None) -> None:
         "requests": summary["completed"],
         "replicas": args.replicas,
         "wall_s": wall,
+        "cpu_s": cpu,  # this process's CPU time: on a shared machine, less inflated by the others than wall
         "simulated_s": summary["duration"],
         "steps": steps,
         "requests_per_wall_s": summary["completed"] / wall,
@@ -112,15 +115,17 @@ def main(argv=None) -> None:
         "profile_top_tottime": stats.getvalue(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "speed.json", result)
+    stem = "speed" if args.router == "least_outstanding" else f"speed-{args.router}"
+    write_json(args.out / f"{stem}.json", result)
     table = markdown_table(
-        ["replicas", "requests", "wall (s)", "simulated (s)", "steps", "requests / wall s", "steps / wall s"],
-        [[args.replicas, result["requests"], wall, summary["duration"], steps, result["requests_per_wall_s"],
-          result["steps_per_wall_s"]]],
+        ["replicas", "router", "requests", "wall (s)", "CPU (s)", "simulated (s)", "steps", "requests / wall s",
+         "steps / wall s"],
+        [[args.replicas, args.router, result["requests"], wall, cpu, summary["duration"], steps,
+          result["requests_per_wall_s"], result["steps_per_wall_s"]]],
     )  # fmt: skip
     env = result["environment"]
     atomic_write_text(
-        args.out / "speed.md",
+        args.out / f"{stem}.md",
         f"# Simulated cluster speed (SIMULATED: {args.model} on the {args.device} roofline model)\n\n{table}\n\n"
         f"Workload: {result['requests']} Azure conversation requests ({args.trace_path}), open loop, arrivals "
         f"x{args.time_scale or args.replicas}, {args.replicas} replicas behind {args.router}, max_num_seqs "

@@ -56,6 +56,10 @@ class EngineReplicas:
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
 
+    def plan_arrivals(self, arrivals, until: float = INF) -> bool:
+        """Nothing to plan: one replica's horizon is the next arrival already."""
+        return False
+
     def run_until(self, time: float, quiet_until: float | None = None) -> list[Delivered]:
         if self.engine.has_unfinished():
             quiet = quiet_until is not None and quiet_until >= time

@@ -19,6 +19,8 @@ A replica set has:
     run_until(t, quiet_until) -> [Delivered]  work until t or until some requests finish, whichever is first
                                           (quiet_until: nothing is sent before then, whatever finishes)
     has_unfinished(), abort_all() -> [Delivered]
+    plan_arrivals([(request_id, prompt, t)], deadline)  the open loop's whole schedule, before it starts:
+                                          the set may route it ahead (or do nothing), then takes only it
 """
 
 from __future__ import annotations
@@ -162,6 +164,8 @@ class Replay:
     def _open_loop(self, specs, _concurrency) -> None:
         pending = deque(sorted(specs, key=lambda s: s.arrival_s))
         t0, deadline = self.start_time, self._deadline()
+        # the whole schedule: a simulated cluster may route it ahead (SimulatedCluster.plan_arrivals)
+        self.replicas.plan_arrivals([(s.request_id, s.prompt_token_ids, t0 + s.arrival_s) for s in pending], deadline)
         while pending or self.replicas.has_unfinished():
             now = self.replicas.now
             if self._expired(now):

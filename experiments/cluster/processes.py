@@ -204,6 +204,10 @@ class ProcessCluster:
         self.inboxes[index].put(("add", request_id, list(prompt_token_ids), params, arrival, priority))
         return index
 
+    def plan_arrivals(self, arrivals, until: float = float("inf")) -> bool:
+        """Nothing to plan: real replicas run in real time, each request routed when it is sent."""
+        return False
+
     def run_until(self, t: float, quiet_until: float | None = None) -> list[Delivered]:
         """Take what the replicas report until some requests finish or `t` comes (quiet_until: unused,
         real replicas step one by one)."""

@@ -43,6 +43,8 @@ class DisaggregatedDelivered(Delivered):
 
 
 class DisaggregatedCluster(SimulatedCluster):
+    independent_replicas = False  # prefill replicas hand requests to decode replicas
+
     def __init__(self, prefill_engines, decode_engines, router: Router, decode_router: Router, link: LinkSpec):
         if not prefill_engines or not decode_engines:
             raise ValueError("P/D disaggregation needs at least one prefill and one decode replica")

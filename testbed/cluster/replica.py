@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from testbed.outputs import RequestOutput
 
 
@@ -19,6 +21,8 @@ class SimReplica:
         self.busy = False  # a step is in flight: its end is on the cluster's event heap
         self.in_flight: list[RequestOutput] = []  # finished outputs of the step in flight
         self.num_routed = 0
+        # when the requests routed here ahead (SimulatedCluster.plan_arrivals) will arrive, in order
+        self.planned: deque[float] = deque()
         pool = engine.kv.pool  # paged allocators have a block pool with a prefix cache
         self._cached = pool.hash_to_block if pool is not None else {}
 

@@ -6,17 +6,29 @@ replica's step ends, its finished requests are delivered (to the caller, and to 
 counts) and its next step starts at the same instant if it has work, after whatever the caller sent in
 reply; a replica with nothing to do has no event and costs nothing until a request reaches it. Each replica's
 engine has its own VirtualClock, brought to the cluster's time before it acts, so every clock only moves
-forward and all of them read the same time line. Engine.step is the only stepping code: nothing of the
-scheduler is copied.
+forward and all of them read the same time line. Engine.step and its decode runs are the only stepping
+code: nothing of the scheduler is copied.
 
 What a step changes is visible to the router from the step's start (the engine has run it), while its
 finished requests count as outstanding until the step ends: a router's view of running, waiting and free
 blocks can be ahead of the time line by at most one step of that replica, as a real router's view lags it.
+
+Skipping (testbed.sim.decode_runs): a replica may advance the pure decode steps that start before its
+horizon, the time before which nothing is added to it, in one go; such a run is one step event. Its
+horizon is the caller's quiet_until (the next arrival anywhere in the cluster: the router may read every
+replica's state then), unless the caller gave its whole arrival schedule (plan_arrivals) and the router
+reads no replica state (Router.reads_replica_state): the schedule is then routed ahead, in order, to the
+same replicas as at each arrival, and each replica's horizon is its own next arrival, about N times
+further away. A replica whose state allows a run starts its step with the run, without a full engine
+step first. Either way every replica runs the same steps as stepping one by one
+(tests/cluster/test_horizons.py).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.cluster.prefix import leading_block_hashes
@@ -30,6 +42,7 @@ from testbed.sim.clock import VirtualClock
 # end and deliver their finished requests (the caller may send new ones, as a client would), then the
 # replicas due start their next step, which so sees all of that
 TRANSFER_DONE, STEP_END, STEP_START = 0, 1, 2
+INF = float("inf")
 
 
 @dataclass
@@ -39,6 +52,10 @@ class Delivered:
 
 
 class SimulatedCluster:
+    # replicas exchange nothing but what the router sends them, so a state-free router's choices can be
+    # made ahead (False where replicas hand requests to each other: P/D disaggregation)
+    independent_replicas = True
+
     def __init__(self, engines: list, router: Router, roles: list[str] | None = None):
         if not engines:
             raise ValueError("a cluster needs at least one engine")
@@ -55,6 +72,10 @@ class SimulatedCluster:
         # no request is sent before this time unless one finishes (run_until's quiet_until): a replica's
         # step may advance the decode steps that start before it in one go (Engine.step's horizon)
         self._horizon: float | None = None
+        # plan_arrivals: (request id, replica, time it will be submitted) in order; None: no plan (the
+        # caller's quiet_until is every replica's horizon)
+        self._planned: deque[tuple[str, int, float]] | None = None
+        self._plan_until = INF  # with a plan: nothing runs from here on (the caller's deadline)
 
     # ---- requests --------------------------------------------------------------------------------
     def entry_replicas(self) -> list[SimReplica]:
@@ -70,6 +91,41 @@ class SimulatedCluster:
         hashes = leading_block_hashes(prompt_token_ids, self.block_size)
         return router.route(RouteRequest(request_id, len(prompt_token_ids), hashes), replicas)
 
+    def plan_arrivals(self, arrivals: Sequence[tuple[str, list[int], float]], until: float = INF) -> bool:
+        """The caller's whole schedule from now on: (request id, prompt, time it will be submitted), in the
+        order it will submit them, with times that never decrease; nothing runs from `until` on (its
+        deadline: what is unfinished then is aborted). Where the router reads no replica state and the
+        replicas are independent, routes them all now, in that order (the choices it would make at each
+        arrival), so each replica skips decode steps up to its own next arrival; submit then takes only
+        these requests, in this order, at or after their times. Returns whether it planned (if not,
+        nothing changes)."""
+        if self.router.reads_replica_state or not self.independent_replicas:
+            return False
+        for (_, _, before), (request_id, _, time) in zip(arrivals, arrivals[1:]):
+            if time < before:
+                raise ValueError(f"planned arrivals go back in time: {request_id!r} at {time} after {before}")
+        for replica in self.replicas:
+            replica.planned.clear()
+        self._planned, self._plan_until = deque(), until
+        for request_id, prompt_token_ids, time in arrivals:
+            index = self.route(request_id, prompt_token_ids, self.entry_replicas(), self.router)
+            self._planned.append((request_id, index, time))
+            self.replicas[index].planned.append(time)
+        return True
+
+    def _planned_replica(self, request_id: str) -> int:
+        """The replica the next planned request was routed to, checking this is it and it is due."""
+        assert self._planned is not None
+        if not self._planned or self._planned[0][0] != request_id:
+            expected = repr(self._planned[0][0]) if self._planned else "none"
+            raise ValueError(f"request {request_id!r} is not the next planned arrival ({expected}): plan_arrivals")
+        _, index, time = self._planned[0]
+        if self.now < time:
+            raise ValueError(f"request {request_id!r} planned at {time} came early, at {self.now}")
+        self._planned.popleft()
+        self.replicas[index].planned.popleft()
+        return index
+
     def submit(
         self,
         request_id: str,
@@ -80,7 +136,10 @@ class SimulatedCluster:
     ) -> int:
         """Route a request arriving now (arrival_time: what its latencies count from; default now) and add
         it to the chosen replica. Returns the replica's index."""
-        index = self.route(request_id, prompt_token_ids, self.entry_replicas(), self.router)
+        if self._planned is not None:
+            index = self._planned_replica(request_id)
+        else:
+            index = self.route(request_id, prompt_token_ids, self.entry_replicas(), self.router)
         self._add(self.replicas[index], request_id, prompt_token_ids, params, arrival_time, priority)
         self.replica_of[request_id] = index
         return index
@@ -170,8 +229,20 @@ class SimulatedCluster:
         replica.busy = True
         self._push(engine.clock.now, STEP_END, replica)
 
+    def horizon(self, replica: SimReplica) -> float | None:
+        """Nothing is added to `replica` before this time (None: no promise, every step is an event)."""
+        if self._planned is None:
+            return self._horizon
+        return min(replica.planned[0], self._plan_until) if replica.planned else self._plan_until
+
     def _engine_step(self, replica: SimReplica) -> list[RequestOutput]:
-        return replica.engine.step(self._horizon)
+        engine, horizon = replica.engine, self.horizon(replica)
+        runs = engine.decode_runs
+        # a replica that can only decode goes straight into the run: the engine step that would start
+        # it is one of the run's steps (none of them finishes a request, so there is nothing to return)
+        if horizon is not None and runs is not None and engine.pipeline is None and runs.run(horizon):
+            return []
+        return engine.step(horizon)
 
     def _deliver(self, replica: SimReplica, outputs: list[RequestOutput]) -> list[Delivered]:
         for _ in outputs:
@@ -196,8 +267,10 @@ class SimulatedCluster:
                 if aborted is not None:
                     out += self._deliver(replica, [aborted])
         self._heap.clear()
+        self._planned, self._plan_until = None, INF  # nothing more comes
         for replica in self.replicas:
             replica.busy = False
+            replica.planned.clear()
         return out
 
     @property

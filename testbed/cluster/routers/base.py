@@ -59,6 +59,16 @@ class NoHealthyReplica(RuntimeError):
 
 class Router:
     name = "base"
+    # Whether route() reads replica state that moves with time: outstanding, running, waiting, free blocks,
+    # cached blocks (False: only index and healthy, and the request). A simulated cluster routes the whole
+    # arrival schedule of a router that does not ahead, so each replica runs to its own next arrival.
+    # Every class says so itself: one that does not (a subclass may read what its parent did not) reads it.
+    reads_replica_state = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "reads_replica_state" not in vars(cls):
+            cls.reads_replica_state = True
 
     def __init__(self, seed: int = 0, **options):
         if options:

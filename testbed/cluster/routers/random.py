@@ -7,6 +7,7 @@ from testbed.cluster.routers.base import Router
 
 class RandomRouter(Router):
     name = "random"
+    reads_replica_state = False  # the choice depends on the order of requests only
 
     def __init__(self, seed: int = 0):
         super().__init__(seed)

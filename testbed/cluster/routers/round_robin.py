@@ -5,6 +5,7 @@ from testbed.cluster.routers.base import Router
 
 class RoundRobinRouter(Router):
     name = "round_robin"
+    reads_replica_state = False  # the choice depends on the order of requests only
 
     def __init__(self, seed: int = 0):
         super().__init__(seed)
