@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, fields
 
+from testbed.plugins import is_import_path
+
 # method -> "module:Proposer subclass", imported on demand; a method may also be the import path of the
 # user's own Proposer subclass (testbed.plugins), built from spec.options.
 PROPOSERS = {
@@ -25,7 +27,7 @@ class SpeculativeConfig:
 
     def __post_init__(self):
         self.method = _ALIASES.get(self.method, self.method)
-        if self.method not in METHODS and ":" not in str(self.method):
+        if self.method not in METHODS and not is_import_path(self.method):
             raise ValueError(
                 f"unknown speculative method {self.method!r}; choose one of {list(METHODS)} "
                 "or give an import path module:Class"

@@ -130,3 +130,21 @@ def test_routers_allocators_and_eviction_take_import_paths(tmp_path, monkeypatch
         get_policy("mylab.parts:NotAPolicy")
     with pytest.raises(ValueError, match="cannot import 'nolab.x'"):
         get_policy("nolab.x:Y")
+
+
+def test_hydras_target_spelling_of_an_import_path(tmp_path, monkeypatch):
+    """`mylab.parts.EveryOther` (as Hydra's `_target_` writes it) is the same class as `mylab.parts:EveryOther`."""
+    write_package(tmp_path, parts=PARTS, broken="import not_installed_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.split(".")[0] == "mylab"]:  # another test's mylab
+        monkeypatch.delitem(sys.modules, name)
+    router = get_router("mylab.parts.EveryOther", seed=1, stride=3)
+    assert type(router).__name__ == "EveryOther" and router.stride == 3
+    kv = get_allocator("mylab.parts.MyPaged", 8, 16, eviction="mylab.parts.MRUQueue", max_model_len=128)
+    assert type(kv).__name__ == "MyPaged" and type(kv.pool.free_queue).__name__ == "MRUQueue"
+    with pytest.raises(ValueError, match=r"module 'mylab.parts' has no 'Nope'"):
+        get_policy("mylab.parts.Nope")
+    with pytest.raises(ValueError, match="cannot import 'nolab'"):
+        get_policy("nolab.x.Y")
+    with pytest.raises(ValueError, match="not_installed_anywhere"):  # the real cause, not a shorter prefix
+        get_policy("mylab.broken.Policy")

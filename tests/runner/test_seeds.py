@@ -105,8 +105,12 @@ def test_repeats_redraw_the_workload_when_asked():
     real = repeat_configs(_compose("trace=synthetic", "replay.redraw_workload=true", "scheduler=priority"), 2)
     assert [(c.trace.seed, c.scheduler.options.seed) for c in real] == [(0, 0), (1, 1)]
     assert set(WORKLOAD_SEEDS) <= set(SEED_KEYS)
+    with pytest.raises(ConfigCompositionException, match="replay.redraw_workload"):  # typed: refused at compose
+        _compose("trace=synthetic", "replay.redraw_workload=sometimes")
+    plain = OmegaConf.to_container(_compose("trace=synthetic"))  # run_trace's Hydra-free input: checked there
+    plain["replay"]["redraw_workload"] = "sometimes"
     with pytest.raises(ValueError, match="replay.redraw_workload: must be"):
-        repeat_count(_compose("trace=synthetic", "replay.redraw_workload=sometimes"))
+        repeat_count(OmegaConf.create(plain))
     with pytest.raises(ValueError, match="redraw_workload=false"):
         repeat_configs(
             _compose("trace=synthetic", "replay.redraw_workload=false", "replay.repeat_seeds=[seed,trace.seed]"), 2

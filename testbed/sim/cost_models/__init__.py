@@ -4,7 +4,7 @@ A registry: name -> "module:Class", imported on demand; a name may also be the i
 own CostModel subclass (testbed.plugins). replay_steps is no model: the clock replays a recorded run.
 """
 
-from testbed.plugins import check_options, load_class
+from testbed.plugins import check_options, is_import_path, load_class
 from testbed.sim.cost_models.base import CostContext, CostModel
 
 COST_MODELS = {
@@ -18,7 +18,7 @@ NAMES = (*COST_MODELS, REPLAY_STEPS)
 
 def cost_model_class(name: str, options: dict | None = None) -> type[CostModel]:
     """The class registered as `name` or at the import path `name`; its options checked unless None."""
-    if name not in COST_MODELS and ":" not in str(name):
+    if name not in COST_MODELS and not is_import_path(name):
         raise ValueError(
             f"unknown sim cost_model {name!r}; choose one of {list(NAMES)} or give an import path module:Class"
         )

@@ -1,0 +1,125 @@
+"""The config groups' typed schemas (experiments/conf/schema.py, Hydra's ConfigStore): every option of a
+typed group composes as its schema, the schema declares exactly the option's keys (it adds none to the
+recorded config), and a value of the wrong type is refused when the config is composed, naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from experiments.conf.schema import SCHEMAS
+
+CONF = Path(__file__).resolve().parents[2] / "experiments" / "conf"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def hydra_initialized():
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
+        yield
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def declared(group: str, option: str) -> tuple[set[str], str | None]:
+    """The keys an option's yaml files give (its own, its bases', groups placed in it) and its schema."""
+    text = yaml.safe_load((CONF / group / f"{option}.yaml").read_text()) or {}
+    keys, schema = set(text) - {"defaults"}, None
+    for entry in text.get("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":  # a base option of the same group
+            base_keys, base_schema = declared(group, entry)
+            keys |= base_keys
+            schema = schema or base_schema
+        elif isinstance(entry, dict):
+            ((target, choice),) = entry.items()
+            if target == f"/schema/{group}@_here_":
+                schema = choice
+            else:  # another group placed under this one (parallel: /link@link)
+                keys.add(target.rpartition("@")[2])
+    return keys, schema
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_every_option_is_typed_by_a_schema_declaring_exactly_its_keys(group):
+    for option in options(group):
+        keys, schema = declared(group, option)
+        assert schema in SCHEMAS[group], f"{group}/{option}.yaml names no schema of {sorted(SCHEMAS[group])}"
+        fields = {f.name for f in dataclasses.fields(SCHEMAS[group][schema])}
+        assert fields == keys, f"{group}={option}: schema {schema} differs by {sorted(fields ^ keys)}"
+        context = ["executor=sim", "device=h100-sxm"] if group == "executor" and option == "sim" else []
+        cfg = compose("config", overrides=[*context, f"{group}={option}"])
+        assert OmegaConf.get_type(cfg[group]) is SCHEMAS[group][schema]
+        assert set(cfg[group]) == keys
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["cache.block_size=abc"], "cache.block_size"),
+        (["cache.prefix_caching=maybe"], "cache.prefix_caching"),
+        (["cache=static_max", "cache.num_blocks=many"], "cache.num_blocks"),
+        (["scheduler.max_num_seqs=many"], "scheduler.max_num_seqs"),
+        (["scheduler=mlfq", "scheduler.preemption_mode=[swap]"], "scheduler.preemption_mode"),
+        (["executor=sim", "device=h100-sxm", "executor.spec_acceptance=high"], "executor.spec_acceptance"),
+        (["executor=host", "executor.step_time_s=slow"], "executor.step_time_s"),
+        (["spec=ngram", "spec.num_speculative_tokens=x"], "spec.num_speculative_tokens"),
+        (["cluster.replicas=two"], "cluster.replicas"),
+        (["replay.repeats=x"], "replay.repeats"),
+        (["server.port=http"], "server.port"),
+        (["parallel.tensor_parallel_size=x"], "parallel.tensor_parallel_size"),
+        (["kernel.name=[torch]"], "kernel.name"),
+    ],
+)
+def test_a_wrong_type_is_refused_at_compose_naming_the_key(overrides, key):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose("config", overrides=overrides)
+    assert key in f"{e.value} {e.value.__cause__}"
+
+
+def test_user_options_still_take_new_keys():
+    cfg = compose(
+        "config",
+        overrides=[
+            "+scheduler.options.slack_s=0.01",
+            "spec=ngram",
+            "+spec.options={max_drafts:2}",
+            "executor=sim",
+            "device=h100-sxm",
+            "+executor.cost_model_options={step_ms:5}",
+            "cluster.router_options={key_blocks:4}",
+        ],
+    )
+    assert cfg.scheduler.options.slack_s == 0.01 and cfg.spec.options.max_drafts == 2
+    assert cfg.executor.cost_model_options.step_ms == 5 and cfg.cluster.router_options.key_blocks == 4
+
+
+def test_schemas_declare_only_keys_the_settings_read():
+    """A schema field no setting reads would be a key that changes nothing: each is one the run's
+    settings map (experiments.engine_config.GROUP_FIELDS, experiments.settings' key tables, the
+    dataclasses the cluster and the server are built from)."""
+    from experiments.engine_config import EXECUTORS, GROUP_FIELDS
+    from experiments.settings import REPLAY_KEYS
+    from testbed.cluster.config import ClusterConfig
+    from testbed.server.settings import ServerSettings
+    from testbed.sim.config import SimConfig
+    from testbed.spec.config import SpeculativeConfig
+
+    reads = {
+        **{group: set(keys) for group, keys in GROUP_FIELDS.items()},
+        "replay": set(REPLAY_KEYS),
+        "cluster": {f.name for f in dataclasses.fields(ClusterConfig)},
+        "server": {f.name for f in dataclasses.fields(ServerSettings)},
+        "executor": {"name", *set().union(*EXECUTORS.values()), *(f.name for f in dataclasses.fields(SimConfig))},
+        "spec": {f.name for f in dataclasses.fields(SpeculativeConfig)},
+    }
+    for group, schemas in SCHEMAS.items():
+        for schema in schemas.values():
+            fields = {f.name for f in dataclasses.fields(schema)}
+            assert fields <= reads[group], f"{schema.__name__}: {sorted(fields - reads[group])} read by nothing"
