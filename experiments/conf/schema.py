@@ -142,6 +142,7 @@ class ReplaySchema:
     repeat_seeds: list[Any] = field(default_factory=list)  # config keys: experiments.repeats names a bad one
     redraw_workload: bool | None = None
     repeat: int | None = None
+    warmup_runs: int = 0
 
 
 @dataclass
