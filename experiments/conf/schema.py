@@ -126,6 +126,7 @@ class ClusterSchema:
     request_timeout_s: Any = 600  # seconds, int or float
     stall_timeout_s: float = 60.0
     failure_window_s: float = 30.0
+    metrics_backend_urls: bool = False
     threads_per_replica: int | None = None
 
 
