@@ -26,6 +26,7 @@ from testbed.parallel.config import check_tensor_parallel
 from testbed.request import Request, RequestStatus
 from testbed.sampling_params import SamplingParams
 from testbed.sequence_group import SequenceGroup
+from testbed.spec.speculator import Proposal
 from testbed.step_stats import StepRun, StepStats, kv_compact
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Engine:
             self.max_model_len,
         )
         self.executor, self.model, self.spec = kind.build(spec, self.sampler, num_blocks, num_cpu_blocks, block_bytes)
-        self.output_processor = OutputProcessor(self.tokenizer, self.scheduler.finish_with_status)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config) else None
         self.inflight = None  # (start, SchedulerOutput, Future) of the step running on the pipeline
         # requests whose next step must see their last token on the host (penalties, grammars, prompt
@@ -134,9 +135,10 @@ class Engine:
             taken = [s.request_id for s in group.sequences if s.request_id in self.scheduler.requests]
             if taken:
                 raise ValueError(f"request {request_id!r}: sequence id {taken[0]!r} is already in the engine")
-            self.output_processor.add_group(group)
             request = group.leader
         self.scheduler.add_request(request)
+        for sequence in request.group.sequences if request.group else [request]:
+            self.output_processor.add_request(sequence)
         if self.pipeline is not None and (params.uses_processors or params.prompt_logprobs is not None):
             sequences = request.group.sequences if request.group else [request]
             self._needs_last_tokens.update(s.request_id for s in sequences)
@@ -163,7 +165,9 @@ class Engine:
         if group is not None:
             for seq in group.sequences:
                 self._needs_last_tokens.discard(seq.request_id)
-            return self.output_processor.abort_group(group, self.scheduler.abort)
+                if not seq.is_finished and self.scheduler.abort(seq.request_id) is None:
+                    seq.status = RequestStatus.FINISHED_ABORTED  # a sibling not started: never in the scheduler
+            return self.output_processor.group_ended(group)
         self._needs_last_tokens.discard(request_id)
         request = self.scheduler.abort(request_id)
         return None if request is None else self.output_processor.final_output(request, [])
@@ -173,7 +177,8 @@ class Engine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, horizon: float | None = None, sends_on_finish: bool = True) -> list[RequestOutput]:
-        """One step: schedule -> execute -> update -> outputs -> drafts. With async scheduling the next
+        """One step: schedule -> execute -> update -> stop strings -> drafts -> outputs. Each part returns
+        what it decided and the engine applies it (_finish_step). With async scheduling the next
         step is scheduled and started before this one's tokens are read, and the outputs returned are
         those of the step that finished (one behind).
 
@@ -204,12 +209,13 @@ class Engine:
             for request, entries in zip(sched.requests, result.prompt_logprobs):
                 if entries:
                     request.prompt_logprobs.extend(entries)
-        updates = self.scheduler.update(sched, result.sampled, result.logprobs, result.errors)
-        outputs = self.output_processor.process(updates)
+        scheduler = self.scheduler
+        updates = scheduler.update(sched, result.sampled, result.logprobs, result.errors)
+        for request, status, error in self.output_processor.find_stops(updates):  # stop strings, failed decodes
+            scheduler.finish_with_status(request, status, error)
         if self.spec:
-            failed = self.spec.propose(self.scheduler.running)  # drafts for the next step's verification
-            if failed:
-                self._fail_after_outputs(outputs, failed)
+            self._apply_proposal(self.spec.propose(scheduler.running), updates)
+        outputs = self.output_processor.process(updates)
         if self._needs_last_tokens:
             self._needs_last_tokens.difference_update(o.request_id for o in outputs if o.finished)
         self._record_step(start, sched)
@@ -253,18 +259,17 @@ class Engine:
             failed = sched.requests + [r for r in sched.preempted if swap is not None and swap.holds(r)]
             return ExecutorOutput([None] * len(sched.requests), errors={r.request_id: message for r in failed})
 
-    def _fail_after_outputs(self, outputs: list[RequestOutput], failed: list[tuple[Request, str]]) -> None:
-        """End requests whose work after the update failed (a speculative proposal): the output each got
-        this step becomes its finished one."""
-        position = {out.request_id: k for k, out in enumerate(outputs)}
-        for request, message in failed:
+    def _apply_proposal(self, proposal: Proposal, updates: list[tuple[Request, list[int]]]) -> None:
+        """Drafts for the next step's verification go to the scheduler; a request whose proposal failed ends
+        with an error, and its output this step is its final one (one is added if it got no tokens)."""
+        self.scheduler.add_drafts(proposal.drafts)
+        if not proposal.failed:
+            return
+        stepped = {request.request_id for request, _ in updates}
+        for request, message in proposal.failed:
             self.scheduler.finish_with_status(request, RequestStatus.FINISHED_ERROR, message)
-            k = position.get(request.request_id)
-            final = self.output_processor.final_output(request, outputs[k].new_token_ids if k is not None else [])
-            if k is None:
-                outputs.append(final)
-            else:
-                outputs[k] = final
+            if request.request_id not in stepped:
+                updates.append((request, []))
 
     def _check_not_stalled(self) -> None:
         scheduler = self.scheduler

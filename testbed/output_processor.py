@@ -12,10 +12,13 @@ that request ends with FINISHED_ERROR (testbed.isolation) and the others go on. 
 Parallel sampling: each sequence of a group gets its outputs as above (carrying the group's id and its index);
 the group (testbed.sequence_group) collects its finished sequences, and the step in which the last one ends
 also returns the group's final output.
+
+Data flows one way: `find_stops` returns the requests a stop string (or a failed decode) ends, the engine
+ends them in the scheduler, and `process` then builds the step's outputs from the requests as they are
+(vLLM v1's OutputProcessor likewise returns `reqs_to_abort` for the engine core to apply).
 """
 
 import logging
-from collections.abc import Callable
 
 from testbed.detokenize import IncrementalDetokenizer
 from testbed.isolation import error_message
@@ -26,35 +29,58 @@ from testbed.stopping import find_stop_string
 
 logger = logging.getLogger(__name__)
 
+# a request to end, as decided here: (request, status, error message or None); the engine applies it
+Finish = tuple[Request, RequestStatus, str | None]
+
 
 class OutputProcessor:
-    def __init__(self, tokenizer, finish_request: Callable[..., None]):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        # ends a request from outside the step: (request, status, error message or None), the scheduler's
-        self.finish_request = finish_request
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # requests with stop strings
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # requests with stop strings, in flight
         self.groups: dict[str, SequenceGroup] = {}  # parallel-sampling requests in flight, by request id
 
-    def add_group(self, group: SequenceGroup) -> None:
-        self.groups[group.request_id] = group
+    def add_request(self, request: Request) -> None:
+        """A request entering the engine (each sequence of a group): one with stop strings gets its
+        detokenizer, so a step in which no such request is in flight skips the stop-string pass."""
+        if request.sampling_params.stop and self.tokenizer is not None:
+            self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer)
+        group = request.group
+        if group is not None:
+            self.groups[group.request_id] = group
+
+    def find_stops(self, updates: list[tuple[Request, list[int]]]) -> list[Finish]:
+        """The requests of this step's updates that a stop string ends (or whose decoding failed), in batch
+        order; nothing is changed in them beyond their stop_reason. O(1) unless one has stop strings."""
+        detokenizers = self._detokenizers
+        if not detokenizers:
+            return []
+        finishes: list[Finish] = []
+        for request, _ in updates:
+            detok = detokenizers.get(request.request_id)
+            if detok is not None and not request.status.finished:
+                finish = self._check_stop_strings(request, detok)
+                if finish is not None:
+                    finishes.append(finish)
+        return finishes
 
     def process(self, updates: list[tuple[Request, list[int]]]) -> list[RequestOutput]:
-        """One output per (request, tokens it got this step); O(1) each unless it has stop strings."""
+        """One output per (request, tokens it got this step), after the engine applied find_stops; O(1)
+        each unless it finished."""
         outputs = []
-        of_request = RequestOutput.of_request
+        append = outputs.append
+        of_running = RequestOutput.of_running
         for request, new_tokens in updates:
-            if request.sampling_params.stop and not request.status.finished and self.tokenizer is not None:
-                self._check_stop_strings(request)
             if not request.status.finished:
-                outputs.append(of_request(request, new_tokens))
+                append(of_running(request, new_tokens))
                 continue
-            outputs.append(self.final_output(request, new_tokens))
-            if request.group is not None:
-                group_output = self._sequence_finished(request.group, outputs[-1])
-                if group_output is None and not request.group.forked:  # failed before its siblings started
-                    group_output = self._end_unstarted(request.group, request)
+            append(self.final_output(request, new_tokens))
+            group = request.group
+            if group is not None:
+                group_output = self._sequence_finished(group, outputs[-1])
+                if group_output is None and not group.forked:  # failed before its siblings started
+                    group_output = self._end_unstarted(group, request)
                 if group_output is not None:
-                    outputs.append(group_output)
+                    append(group_output)
         return outputs
 
     def _sequence_finished(self, group: SequenceGroup, seq_output: RequestOutput) -> RequestOutput | None:
@@ -72,40 +98,40 @@ class OutputProcessor:
             final = self._sequence_finished(group, self.final_output(seq, [])) or final
         return final
 
-    def abort_group(self, group: SequenceGroup, abort_sequence: Callable[[str], Request | None]) -> RequestOutput:
-        """End every unfinished sequence of a group (abort_sequence: the scheduler's abort, by sequence id;
-        siblings not yet forked were never in the scheduler) and return the group's final output."""
+    def group_ended(self, group: SequenceGroup) -> RequestOutput:
+        """The final output of a group whose sequences have all ended (the engine aborted it): each sequence
+        not reported yet gets its final output, then the group's."""
         final = None
         for seq in group.sequences:
-            if seq.is_finished:
-                continue
-            if abort_sequence(seq.request_id) is None:
-                seq.status = RequestStatus.FINISHED_ABORTED
-            final = self._sequence_finished(group, self.final_output(seq, [])) or final
+            if group.completions[seq.index] is None:
+                final = self._sequence_finished(group, self.final_output(seq, [])) or final
         return final if final is not None else group.final_output()
 
-    def _check_stop_strings(self, request: Request) -> None:
+    def _check_stop_strings(self, request: Request, detok: IncrementalDetokenizer) -> Finish | None:
         try:
-            detok = self._detokenizers.get(request.request_id)
-            if detok is None:
-                detok = self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer)
             checked = len(detok.text)
             detok.add(request.output_token_ids[len(detok.token_ids) :], emit=False)
             stop = find_stop_string(detok.text, request.sampling_params.stop, checked)
         except Exception as e:
-            self._fail(request, error_message("stop-string detection", e))
-            return
-        if stop is not None:
-            request.stop_reason = stop
-            self.finish_request(request, RequestStatus.FINISHED_STOPPED)
+            message = error_message("stop-string detection", e)
+            logger.warning("request %s: %s", request.request_id, message, exc_info=True)
+            self._detokenizers.pop(request.request_id, None)
+            return request, RequestStatus.FINISHED_ERROR, message
+        if stop is None:
+            return None
+        request.stop_reason = stop
+        return request, RequestStatus.FINISHED_STOPPED, None
 
     def final_output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
-        """The output of a request that has finished (stopped, at its length, aborted or failed), with its text."""
+        """The output of a request that has finished (stopped, at its length, aborted or failed), with its
+        text. A failure to decode it makes its outcome an error (the request is already released)."""
         detok = self._detokenizers.pop(request.request_id, None)
         try:
             text = self._final_text(request, detok)
         except Exception as e:
-            self._fail(request, error_message("detokenization", e))
+            message = error_message("detokenization", e)
+            logger.warning("request %s: %s", request.request_id, message, exc_info=True)
+            request.status, request.error = RequestStatus.FINISHED_ERROR, message
             text = ""
         return RequestOutput.of_request(request, new_tokens, text)
 
@@ -120,11 +146,3 @@ class OutputProcessor:
                 cut = text.find(request.stop_reason)
             text = text[:cut] if cut >= 0 else text
         return text
-
-    def _fail(self, request: Request, message: str) -> None:
-        logger.warning("request %s: %s", request.request_id, message, exc_info=True)
-        if request.status.finished:  # already released by the scheduler: only its outcome changes
-            request.status, request.error = RequestStatus.FINISHED_ERROR, message
-        else:
-            self.finish_request(request, RequestStatus.FINISHED_ERROR, message)
-            self._detokenizers.pop(request.request_id, None)

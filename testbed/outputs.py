@@ -167,16 +167,33 @@ class RequestOutput:
         out.finished, out.new_token_ids, out.prompt = status.finished and group is None, new_token_ids, None
         out.prompt_logprobs = request.prompt_logprobs  # complete once the prompt is computed
         out._outputs = out._metrics = None
-        # a group's sequences may compute logprobs the request did not ask for (best_of ranks by them)
-        returned = (request.sampling_params if group is None else group.params).logprobs is not None
         out._source = (
             request,
             len(request.output_token_ids),
-            len(request.output_logprobs) if returned else None,
+            len(request.output_logprobs) if request.returns_logprobs else None,
             status.value if status.finished else None,
             text,
             request.num_preemptions,
-            request.cumulative_logprob if request.sampling_params.logprobs is not None else None,
+            request.cumulative_logprob if request.computes_logprobs else None,
+        )
+        return out
+
+    @classmethod
+    def of_running(cls, request, new_token_ids: list[int]) -> "RequestOutput":
+        """of_request for a request that has not finished (no finish reason, no text yet): the output of
+        almost every request in almost every step, hence its own shorter path."""
+        out = cls.__new__(cls)
+        out.request_id, out.prompt_token_ids, out.finished = request.output_id, request.prompt_token_ids, False
+        out.new_token_ids, out.prompt, out.prompt_logprobs = new_token_ids, None, request.prompt_logprobs
+        out._outputs = out._metrics = None
+        out._source = (
+            request,
+            len(request.output_token_ids),
+            len(request.output_logprobs) if request.returns_logprobs else None,
+            None,
+            "",
+            request.num_preemptions,
+            request.cumulative_logprob if request.computes_logprobs else None,
         )
         return out
 

@@ -78,6 +78,10 @@ class Request:
         self.group = group
         self.index = index
         self.output_id = group.request_id if group is not None else request_id
+        # whether its outputs carry logprobs, and whether it computes them (a group's sequences may compute
+        # logprobs the request did not ask for: best_of ranks by them); read for every output built
+        self.computes_logprobs = sampling_params.logprobs is not None
+        self.returns_logprobs = (sampling_params if group is None else group.params).logprobs is not None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -329,6 +329,13 @@ class Scheduler:
             self.running[:] = [r for r in self.running if r not in done]
         return updates
 
+    def add_drafts(self, drafts: list[tuple[Request, list[int]]]) -> None:
+        """Speculative drafts to verify in the next step (the speculator's proposal): each request is given
+        1 + len(drafts) tokens then (vLLM v1's update_draft_token_ids)."""
+        for request, tokens in drafts:
+            if not request.status.finished:
+                request.spec_token_ids = tokens
+
     # ---- parallel sampling (testbed.sequence_group) -------------------------------------------------
     @property
     def num_reserved_seats(self) -> int:

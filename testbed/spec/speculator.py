@@ -1,6 +1,7 @@
 """The engine's side of speculative decoding: ask the proposer for drafts, verify them, count."""
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -12,6 +13,15 @@ from testbed.spec.base import Proposer
 from testbed.spec.config import SpeculativeConfig
 from testbed.spec.metrics import SpecMetrics
 from testbed.spec.rejection import greedy_verify, rejection_sample
+
+
+@dataclass
+class Proposal:
+    """What Speculator.propose decided: drafts per request (to verify in the next step) and the requests
+    whose proposal failed, with why."""
+
+    drafts: list[tuple[Request, list[int]]]
+    failed: list[tuple[Request, str]]
 
 
 class Speculator:
@@ -32,9 +42,10 @@ class Speculator:
             k = min(k, max_tokens - request.num_output_tokens - 1)
         return k
 
-    def propose(self, running: list[Request]) -> list[tuple[Request, str]]:
-        """Set spec_token_ids of running requests that are decoding and hold no unverified drafts.
-        Returns the requests whose proposal failed, with why (testbed.isolation): the engine ends them."""
+    def propose(self, running: list[Request]) -> Proposal:
+        """Drafts for the running requests that are decoding and hold no unverified drafts, and the requests
+        whose proposal failed, with why (testbed.isolation). The engine gives the drafts to the scheduler
+        and ends the failed requests; nothing here changes a request."""
         start = time.perf_counter()
         live = {r.request_id for r in running}
         for rid in [rid for rid in self.draft_probs if rid not in live]:
@@ -51,18 +62,20 @@ class Speculator:
             if k > 0:
                 reqs.append(r)
                 ks.append(k)
+        drafted: list[tuple[Request, list[int]]] = []
         failed: list[tuple[Request, str]] = []
         if reqs:
             proposals, failed = self._propose(reqs, ks)
             for r, (drafts, probs) in zip(reqs, proposals):
-                r.spec_token_ids = list(drafts)
                 self.metrics.num_proposed_tokens += len(drafts)
+                if drafts:
+                    drafted.append((r, list(drafts)))
                 if probs is not None and drafts:
                     self.draft_probs[r.request_id] = probs
                 else:
                     self.draft_probs.pop(r.request_id, None)
         self.metrics.propose_time_s += time.perf_counter() - start
-        return failed
+        return Proposal(drafted, failed)
 
     def _propose(self, reqs: list[Request], ks: list[int]):
         """The proposer over the batch; if it raises, request by request (no drafts for those that fail)."""
