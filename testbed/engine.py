@@ -11,6 +11,7 @@ from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.sched_output import SchedulerOutput
 from testbed.core.scheduler import Scheduler, SchedulerConfig
+from testbed.core.step_updates import StepUpdates
 from testbed.core.swap import SwapManager
 from testbed.executor.base import ExecutorOutput
 from testbed.executor.kv_cache import kv_bytes_per_block, kv_cache_dtype, num_host_blocks
@@ -259,17 +260,17 @@ class Engine:
             failed = sched.requests + [r for r in sched.preempted if swap is not None and swap.holds(r)]
             return ExecutorOutput([None] * len(sched.requests), errors={r.request_id: message for r in failed})
 
-    def _apply_proposal(self, proposal: Proposal, updates: list[tuple[Request, list[int]]]) -> None:
+    def _apply_proposal(self, proposal: Proposal, updates: StepUpdates) -> None:
         """Drafts for the next step's verification go to the scheduler; a request whose proposal failed ends
         with an error, and its output this step is its final one (one is added if it got no tokens)."""
         self.scheduler.add_drafts(proposal.drafts)
         if not proposal.failed:
             return
-        stepped = {request.request_id for request, _ in updates}
+        stepped = set(updates.requests)  # identity hashes
         for request, message in proposal.failed:
             self.scheduler.finish_with_status(request, RequestStatus.FINISHED_ERROR, message)
-            if request.request_id not in stepped:
-                updates.append((request, []))
+            if request not in stepped:
+                updates.append(request, [])
 
     def _check_not_stalled(self) -> None:
         scheduler = self.scheduler

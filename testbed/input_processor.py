@@ -1,10 +1,15 @@
 """Checks a request before it enters the engine: types, prompt length and vocabulary, sampling parameters
 (the sampler's vocabulary-dependent checks), KV capacity for its final length, and a parallel-sampling
-group's seats and blocks. vLLM v1's input processor is the model: one place refuses what can never run."""
+group's seats and blocks. vLLM v1's input processor is the model: one place refuses what can never run.
+A wrong type is a TypeError, a value that cannot work a ValueError, each naming the request. SamplingParams
+checks its own fields when it is built (vLLM's SamplingParams._verify_args does too); what depends on the
+engine (vocabulary, lengths, the cache) is checked here."""
+
+from collections.abc import Sequence
 
 from testbed.config import EngineConfig
 from testbed.sampling_params import SEED_RANGE, SamplingParamError, SamplingParams
-from testbed.validation import check_request_types
+from testbed.validation import is_int
 
 
 class InputProcessor:
@@ -14,7 +19,7 @@ class InputProcessor:
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str = "?") -> None:
         """Raise before any work if this request can never run."""
-        check_request_types(prompt_token_ids, params, request_id)
+        check_types(prompt_token_ids, params, request_id)
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError(f"request {request_id}: the prompt is empty")
@@ -76,3 +81,20 @@ class InputProcessor:
                 f"request {request_id}: {what} sequences of up to {final_len} tokens need {need} KV blocks of {bs} "
                 f"together ({shared} shared), the whole cache has {self.kv.num_blocks}",
             )
+
+
+def check_types(prompt_token_ids, params, request_id) -> None:
+    """add_request's arguments have the right types (their values are checked by InputProcessor.check)."""
+    if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+        raise TypeError(
+            f"request {request_id}: prompt_token_ids must be a list of int token ids, got "
+            f"{type(prompt_token_ids).__name__} (tokenize text first, or use LLM.generate)"
+        )
+    if not set(map(type, prompt_token_ids)) <= {int}:  # fast path (C loops); numpy ints are fine too
+        for i, t in enumerate(prompt_token_ids):
+            if not is_int(t):
+                raise TypeError(
+                    f"request {request_id}: token ids must be ints, got {t!r} ({type(t).__name__}) at position {i}"
+                )
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"request {request_id}: sampling params must be SamplingParams, got {type(params).__name__}")

@@ -20,6 +20,7 @@ ends them in the scheduler, and `process` then builds the step's outputs from th
 
 import logging
 
+from testbed.core.step_updates import StepUpdates
 from testbed.detokenize import IncrementalDetokenizer
 from testbed.isolation import error_message
 from testbed.outputs import RequestOutput
@@ -48,7 +49,7 @@ class OutputProcessor:
         if group is not None:
             self.groups[group.request_id] = group
 
-    def find_stops(self, updates: list[tuple[Request, list[int]]]) -> list[Finish]:
+    def find_stops(self, updates: StepUpdates) -> list[Finish]:
         """The requests of this step's updates that a stop string ends (or whose decoding failed), in batch
         order; nothing is changed in them beyond their stop_reason. O(1) unless one has stop strings."""
         detokenizers = self._detokenizers
@@ -63,10 +64,10 @@ class OutputProcessor:
                     finishes.append(finish)
         return finishes
 
-    def process(self, updates: list[tuple[Request, list[int]]]) -> list[RequestOutput]:
+    def process(self, updates: StepUpdates) -> list[RequestOutput]:
         """One output per (request, tokens it got this step), after the engine applied find_stops; O(1)
         each unless it finished."""
-        outputs = []
+        outputs: list[RequestOutput] = []
         append = outputs.append
         of_running = RequestOutput.of_running
         for request, new_tokens in updates:

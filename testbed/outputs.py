@@ -135,7 +135,15 @@ class RequestOutput:
         "prompt_logprobs",
         "_outputs",
         "_metrics",
-        "_source",
+        # of_request's record of the request as it was (None: built from explicit outputs): flat fields,
+        # not one tuple, so an output is one allocation
+        "_request",
+        "_num_tokens",
+        "_num_logprobs",
+        "_finish",
+        "_text",
+        "_num_preemptions",
+        "_cumulative",
     )
 
     def __init__(
@@ -155,7 +163,7 @@ class RequestOutput:
         self.new_token_ids = [] if new_token_ids is None else new_token_ids  # produced by the step returning this
         self.prompt = prompt
         self.prompt_logprobs = prompt_logprobs  # per prompt token {token id: Logprob}, the first None
-        self._outputs, self._metrics, self._source = outputs, metrics, None
+        self._outputs, self._metrics, self._request = outputs, metrics, None
 
     @classmethod
     def of_request(cls, request, new_token_ids: list[int], text: str = "") -> "RequestOutput":
@@ -163,19 +171,15 @@ class RequestOutput:
         grow and its timestamps are set once, so a count and the few fields that still change suffice."""
         out = cls.__new__(cls)
         out.request_id, out.prompt_token_ids = request.output_id, request.prompt_token_ids
-        status, group = request.status, request.group
-        out.finished, out.new_token_ids, out.prompt = status.finished and group is None, new_token_ids, None
+        status = request.status
+        out.finished, out.new_token_ids, out.prompt = status.finished and request.group is None, new_token_ids, None
         out.prompt_logprobs = request.prompt_logprobs  # complete once the prompt is computed
         out._outputs = out._metrics = None
-        out._source = (
-            request,
-            len(request.output_token_ids),
-            len(request.output_logprobs) if request.returns_logprobs else None,
-            status.value if status.finished else None,
-            text,
-            request.num_preemptions,
-            request.cumulative_logprob if request.computes_logprobs else None,
-        )
+        out._request, out._num_tokens = request, len(request.output_token_ids)
+        out._num_logprobs = len(request.output_logprobs) if request.returns_logprobs else None
+        out._finish, out._text = (status.value if status.finished else None), text
+        out._num_preemptions = request.num_preemptions
+        out._cumulative = request.cumulative_logprob if request.computes_logprobs else None
         return out
 
     @classmethod
@@ -185,33 +189,29 @@ class RequestOutput:
         out = cls.__new__(cls)
         out.request_id, out.prompt_token_ids, out.finished = request.output_id, request.prompt_token_ids, False
         out.new_token_ids, out.prompt, out.prompt_logprobs = new_token_ids, None, request.prompt_logprobs
-        out._outputs = out._metrics = None
-        out._source = (
-            request,
-            len(request.output_token_ids),
-            len(request.output_logprobs) if request.returns_logprobs else None,
-            None,
-            "",
-            request.num_preemptions,
-            request.cumulative_logprob if request.computes_logprobs else None,
-        )
+        out._outputs = out._metrics = out._finish = None
+        out._request, out._num_tokens, out._text = request, len(request.output_token_ids), ""
+        out._num_logprobs = len(request.output_logprobs) if request.returns_logprobs else None
+        out._num_preemptions = request.num_preemptions
+        out._cumulative = request.cumulative_logprob if request.computes_logprobs else None
         return out
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        if self._outputs is None and self._source is not None:
-            request, num_tokens, num_logprobs, finish, text, _, cumulative = self._source
+        request = self._request
+        if self._outputs is None and request is not None:
+            num_logprobs, finish = self._num_logprobs, self._finish
             self._outputs = [
                 CompletionOutput.prefix_of(
                     request.index,
-                    text,
+                    self._text,
                     request.output_token_ids,
-                    num_tokens,
+                    self._num_tokens,
                     request.output_logprobs if num_logprobs is not None else None,
                     num_logprobs,
                     finish,
                     request.stop_reason if finish is not None else None,
-                    cumulative,
+                    self._cumulative,
                 )
             ]
         return self._outputs
@@ -223,21 +223,20 @@ class RequestOutput:
     @property
     def error(self) -> str | None:
         """Why the request failed, when it finished with finish_reason "error" (else None)."""
-        source = self._source
-        return source[0].error if source is not None and source[3] == "error" else None
+        return self._request.error if self._request is not None and self._finish == "error" else None
 
     @property
     def metrics(self) -> RequestMetrics | None:
-        if self._metrics is None and self._source is not None:
-            request, _, _, finish, _, num_preemptions, _ = self._source
+        request = self._request
+        if self._metrics is None and request is not None:
             self._metrics = RequestMetrics(
                 request.arrival_time,
                 request.first_scheduled_time,
                 request.first_token_time,
-                request.finish_time if finish is not None else None,
+                request.finish_time if self._finish is not None else None,
                 request.token_times,
                 max(request.num_cached_tokens, 0),
-                num_preemptions,
+                self._num_preemptions,
             )
         return self._metrics
 

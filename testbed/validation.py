@@ -1,12 +1,12 @@
-"""Checks on the public API's input, as pure functions: a wrong type is a TypeError, a value that cannot work
-a ValueError, each naming what was wrong, before any work starts (a KV cache larger than the machine would
-otherwise hang the constructor building billions of blocks; a str prompt would fail deep inside)."""
+"""Checks on the engine's configuration, as pure functions: a wrong type is a TypeError, a value that cannot
+work a ValueError, each naming what was wrong, before any work starts (a KV cache larger than the machine
+would otherwise hang the constructor building billions of blocks). A request's checks are
+testbed.input_processor's; this module imports nothing of the engine's, so any module may use it."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 from pathlib import Path
 
 GIB = 2**30
@@ -88,22 +88,3 @@ def check_kv_cache_fits(config, num_blocks: int, bytes_per_block: int, device) -
             f"a KV cache of {num_blocks} blocks x {bytes_per_block} bytes = {need / GIB:.1f} GiB does not fit in the "
             f"{available / GIB:.1f} GiB of {where}; lower num_blocks or kv_cache_memory_gb"
         )
-
-
-def check_request_types(prompt_token_ids, params, request_id) -> None:
-    """Engine.add_request's arguments have the right types (values are checked by Engine.validate)."""
-    from testbed.sampling_params import SamplingParams
-
-    if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
-        raise TypeError(
-            f"request {request_id}: prompt_token_ids must be a list of int token ids, got "
-            f"{type(prompt_token_ids).__name__} (tokenize text first, or use LLM.generate)"
-        )
-    if not set(map(type, prompt_token_ids)) <= {int}:  # fast path (C loops); numpy ints are fine too
-        for i, t in enumerate(prompt_token_ids):
-            if not is_int(t):
-                raise TypeError(
-                    f"request {request_id}: token ids must be ints, got {t!r} ({type(t).__name__}) at position {i}"
-                )
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"request {request_id}: sampling params must be SamplingParams, got {type(params).__name__}")

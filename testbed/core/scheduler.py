@@ -13,11 +13,13 @@ token is, and a request whose in-flight token is its last is not scheduled again
 import bisect
 import logging
 from dataclasses import dataclass
+from itertools import count, repeat
 
 from testbed.core.allocators.base import KVAllocator
 from testbed.core.group_seats import GroupSeats
 from testbed.core.policies import SchedulingPolicy
 from testbed.core.sched_output import SchedulerOutput
+from testbed.core.step_updates import StepUpdates
 from testbed.core.swap import SwapManager
 from testbed.request import Request, RequestStatus
 from testbed.stopping import check_token_stop
@@ -284,50 +286,63 @@ class Scheduler:
         sampled: list[list[int] | None],
         logprobs: list[list[dict] | None] | None = None,
         errors: dict[str, str] | None = None,
-    ) -> list[tuple[Request, list[int]]]:
+    ) -> StepUpdates:
         """Append the step's sampled tokens (its computed counts advanced when it was scheduled) and end the
-        requests they finish. Returns (request, new tokens) for every request that got tokens or failed. A
-        request preempted while the step ran (async scheduling) still gets its token, as it would have had
-        the step finished first. `errors` (request id -> message): requests the executor could not serve,
-        finished with FINISHED_ERROR before anything of the step counts."""
+        requests they finish. Returns (request, new tokens) for every request that got tokens or failed, in
+        batch order after the failed ones. A request preempted while the step ran (async scheduling) still
+        gets its token, as it would have had the step finished first. `errors` (request id -> message):
+        requests the executor could not serve, finished with FINISHED_ERROR before anything of the step
+        counts. One pass; a step in which every request got what was sampled for it builds no list."""
         now = self.clock()
-        updates = self._finish_failed(out, errors) if errors else []
+        failed = self._finish_failed(out, errors) if errors else []
         finished: list[Request] = []
         computed_delta = 0  # change of running_computed_tokens
         unforked = self.seats.unforked
-        for idx, (request, tokens) in enumerate(zip(out.requests, sampled)):
-            if not tokens or request.status.finished:  # mid-prefill, or aborted while the step ran
+        max_model_len = self.config.max_model_len
+        # (index, tokens it got, None for none) where that is not what was sampled for it
+        changed: list[tuple[int, list[int] | None]] = []
+        for idx, request, tokens, token_logprobs in zip(count(), out.requests, sampled, logprobs or _NO_LOGPROBS):
+            if not tokens:  # mid-prefill
+                changed.append((idx, None))
+                continue
+            status = request.status
+            if status.finished:  # aborted (or failed) while the step ran
+                changed.append((idx, None))
                 continue
             request.num_output_placeholders -= 1
-            preempted = request.status is RequestStatus.PREEMPTED  # while in flight (async scheduling)
             if unforked and request in unforked:  # a group's leader sampled its first token
                 self._fork(request, now)
             if request.spec_token_ids:
                 computed_delta -= self._rewind_rejected(request, len(tokens))
-            if len(tokens) == 1 and not logprobs and request.first_token_time is not None:
+            if token_logprobs is None and len(tokens) == 1 and request.first_token_time is not None:
                 # the common case (Request.append_output_token inlined, no logprobs, not the first token)
                 token = tokens[0]
+                all_tokens = request.all_token_ids
                 request.output_token_ids.append(token)
-                request.all_token_ids.append(token)
+                all_tokens.append(token)
                 request.token_times.append(now)
-                new_tokens = tokens
-                if token in request.stop_check_ids or len(request.all_token_ids) >= request.max_num_tokens:
-                    check_token_stop(request, token, self.config.max_model_len)
+                # cheap filter first: only a stop/EOS token or the length limit can end a request
+                if token not in request.stop_check_ids and len(all_tokens) < request.max_num_tokens:
+                    continue
+                check_token_stop(request, token, max_model_len)
             else:
-                new_tokens = self._append_tokens(request, tokens, logprobs[idx] if logprobs else None, now)
+                new_tokens = self._append_tokens(request, tokens, token_logprobs, now)
+                if new_tokens is not tokens:
+                    changed.append((idx, new_tokens))
             if request.status.finished:
-                if preempted:  # it waits, not runs: its computed tokens are not counted among the running
-                    self.waiting.remove(request)
+                if status is RequestStatus.PREEMPTED:  # preempted while in flight: it waits, not runs, and
+                    self.waiting.remove(request)  # its computed tokens are not counted among the running
                 else:
                     computed_delta -= request.num_computed_tokens
                     finished.append(request)
                 self._release(request, now)
-            updates.append((request, new_tokens))
         self.running_computed_tokens += computed_delta
         if finished:  # one pass over the running list, not one per finished request
             done = set(finished)
             self.running[:] = [r for r in self.running if r not in done]
-        return updates
+        if not changed and not failed and len(sampled) == len(out.requests):
+            return StepUpdates(out.requests, sampled, shared=True)  # type: ignore[arg-type]  # no entry is None here
+        return _collect_updates(out.requests, sampled, changed, failed)
 
     def add_drafts(self, drafts: list[tuple[Request, list[int]]]) -> None:
         """Speculative drafts to verify in the next step (the speculator's proposal): each request is given
@@ -435,3 +450,22 @@ class Scheduler:
             return None
         self.finish_with_status(request, RequestStatus.FINISHED_ABORTED)
         return request
+
+
+_NO_LOGPROBS = repeat(None)  # update's logprobs when the step computed none
+
+
+def _collect_updates(
+    requests: list[Request],
+    sampled: list[list[int] | None],
+    changed: list[tuple[int, list[int] | None]],
+    failed: list[tuple[Request, list[int]]],
+) -> StepUpdates:
+    """The update's pairs when some request did not get what was sampled for it: the failed first."""
+    got = dict(changed)
+    updates = StepUpdates([r for r, _ in failed], [t for _, t in failed])
+    for idx, (request, tokens) in enumerate(zip(requests, sampled)):
+        tokens = got.get(idx, tokens)
+        if tokens is not None:
+            updates.append(request, tokens)
+    return updates

@@ -48,3 +48,36 @@ def test_decode_step_touches_only_changed_requests():
     assert len(calls) < n * steps / 4
     assert len(set(taken)) > n / 2  # the check above was not empty: most requests crossed a block
     assert len(rows_objects) == 1  # the batch never changed: its row index array was built once
+
+
+def test_decode_step_builds_one_object_per_output():
+    """Scheduler.update hands the step's own lists on (no per-request pair is built), and each output is one
+    object: a steady decode step leaves the outputs, the tokens each got and a fixed number of objects."""
+    import gc
+
+    n = 48
+    engine = make_steady_engine(n, prompt_range=(20, 200))
+    scheduler, update = engine.scheduler, engine.scheduler.update
+    seen = []
+
+    def recording_update(out, sampled, *args):
+        updates = update(out, sampled, *args)
+        seen.append((updates.requests is out.requests, updates.new_tokens is sampled))
+        return updates
+
+    scheduler.update = recording_update
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            before = len(gc.get_objects(generation=0))
+            outputs = engine.step()
+            left = len(gc.get_objects(generation=0)) - before
+            assert len(outputs) == n
+            # the outputs and the lists of tokens they carry (the executor's), plus the step's fixed objects
+            # (SchedulerOutput, its lists, StepStats): no second object per request
+            assert left < 2 * n + n // 2, left
+            del outputs
+    finally:
+        gc.enable()
+    assert seen == [(True, True)] * 5
