@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 from testbed.models.arch import ModelArch
+from testbed.spec.config import SpeculativeConfig, proposer_class
 
 # kernels whose layers run module by module (the all-reduces live in the modules); kernel=cpu fuses a decode
 # step's layers in C++ (decode_layers) and keeps packed weight copies, so it would skip them
@@ -35,10 +36,11 @@ def check_model_parallel(config) -> None:
             f"kernel={config.kernel} does not run under tensor parallelism (it fuses the decoder layers past the "
             f"all-reduces); use kernel=torch or kernel=triton (CUDA)"
         )
-    method = (config.speculative_config or {}).get("method", "none")
-    if method == "layerskip":
+    spec = SpeculativeConfig.from_any(config.speculative_config)
+    if spec.enabled and proposer_class(spec.method).writes_target_kv:
         raise ValueError(
-            "spec=layerskip runs the target's first layers as the draft on rank 0 alone; it is not supported with "
+            f"spec.method={spec.method} drafts into the target model's KV cache (its proposer's writes_target_kv) "
+            "on rank 0 alone, so the workers' KV shards would miss those entries; it is not supported with "
             "parallel.tensor_parallel_size > 1 (use spec=ngram, or spec=draft: its model runs unsharded on rank 0)"
         )
     if config.cuda_graph_dry_run:

@@ -15,6 +15,7 @@ from testbed.models.registry import resolve_model
 from testbed.parallel.comm import TensorParallelError
 from testbed.parallel.config import check_tensor_parallel
 from testbed.sampling_params import SamplingParams
+from testbed.spec.base import Proposer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # each rank one thread: 2 ranks on 2 cores
 
@@ -26,6 +27,15 @@ PROMPTS = [
     [1, 5, 9, 13],
     [1] + list(range(500, 560)),
 ]
+
+
+class KVWriter(Proposer):
+    """A user's proposer that, like layerskip, drafts into the target's KV cache."""
+
+    writes_target_kv = True
+
+    def propose(self, requests, num_tokens):
+        return [([], None) for _ in requests]
 
 
 def run(engine: Engine, prompts, params: SamplingParams, stats=None):
@@ -122,7 +132,9 @@ def test_tp2_matches_tp1_with_async_scheduling():
     "kw, match",
     [
         (dict(kernel="cpu"), "kernel=cpu does not run under tensor parallelism"),
-        (dict(speculative_config={"method": "layerskip", "num_layers": 1}), "spec=layerskip"),
+        (dict(speculative_config={"method": "layerskip", "num_layers": 1}), "spec.method=layerskip drafts into"),
+        # refused by the property, whatever the method's name
+        (dict(speculative_config={"method": f"{__name__}:KVWriter"}), f"spec.method={__name__}:KVWriter drafts into"),
         (dict(executor="host"), "executor=real or executor=sim"),
         (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
     ],
