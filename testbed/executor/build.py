@@ -44,9 +44,10 @@ def build_executor(
     if device.type == "cpu":
         keep_freed_memory()
     tp = start_tensor_parallel(config, spec, backend.name, num_blocks, num_cpu_blocks, device, dtype)
-    model = build_model(spec, backend, dtype, device, config.seed)
-    if tp is not None:  # rank 0's shard; the workers build theirs meanwhile
-        model = tp.shard(model)
+    if tp is None:
+        model = build_model(spec, backend, dtype, device, config.seed)
+    else:  # rank 0's shard, loaded alone; the workers load theirs meanwhile
+        model = tp.build_model(spec, backend, dtype, device, config.seed)
     spec_config = SpeculativeConfig.from_any(config.speculative_config)
     scratch = 0
     if spec_config.enabled and proposer_class(spec_config.method).writes_target_kv:

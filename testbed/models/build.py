@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from testbed.models.arch import ModelArch
 from testbed.models.llama import LlamaForCausalLM
 from testbed.models.registry import resolve_model
-from testbed.models.weights import init_random_weights, load_hf_weights
+from testbed.models.weights import Slices, draw_random_weights, load_hf_weights
 
 
 @dataclass
@@ -56,13 +57,41 @@ def load_model_spec(
 
 def build_model(spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaForCausalLM:
     """The module on `device` in `dtype`, with the spec's weights (or seeded random ones)."""
-    with torch.device(device):
+    with torch.device("meta"):
         model = LlamaForCausalLM(spec.arch, ops, spec.max_model_len)
+    return load_weights(model, spec, ops, dtype, device, seed, {})
+
+
+def whole_parameters(arch: ModelArch) -> dict[str, torch.Size]:
+    """The whole model's parameter shapes by name, in its order (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(arch, None, 1)
+    return {name: p.shape for name, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def load_weights(
+    model: LlamaForCausalLM, spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, seed: int, slices: Slices
+) -> LlamaForCausalLM:
+    """`model`, built on the meta device, made real on `device` in `dtype` with its pieces (`slices`, empty:
+    the whole) of the spec's weights or seeded random ones; only its own parameters are ever allocated."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if id(p) not in made:  # a tied parameter is made once
+                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
+            setattr(module, name, made[id(p)])
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if name in slices:  # padding rows no piece covers (a vocabulary split unevenly) stay zero
+            p.zero_()
+    model.cos_sin = torch.empty(0, device=device)
+    whole = whole_parameters(spec.arch)
     if spec.weights_folder is None:
-        init_random_weights(model, seed)
+        draw_random_weights(params, whole, slices, seed, device)
     else:
-        load_hf_weights(model, spec.weights_folder)
-    model = model.to(dtype=dtype).eval()
+        load_hf_weights(params, spec.arch, whole, slices, spec.weights_folder)
+    model.eval()
     model.build_rope_cache()
     ops.process_weights_after_loading(model)
     return model

@@ -30,10 +30,11 @@ class TPGroup:
         dist.all_reduce(t, group=self.tensors)
         return t
 
-    def all_gather_last_dim(self, t: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(t) for _ in range(self.world_size)]
-        dist.all_gather(parts, t.contiguous(), group=self.tensors)
-        return torch.cat(parts, dim=-1)
+    def gather_last_dim(self, t: torch.Tensor) -> torch.Tensor | None:
+        """Every rank's t, concatenated along the last dim on rank 0 (None on the others)."""
+        parts = [torch.empty_like(t) for _ in range(self.world_size)] if self.rank == 0 else None
+        dist.gather(t.contiguous(), parts, dst=0, group=self.tensors)
+        return None if parts is None else torch.cat(parts, dim=-1)
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=0, group=self.tensors)

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from testbed.executor.base import ExecutorOutput, StepExecutor
 from testbed.parallel.comm import TensorParallelError, TPGroup, env_rank, init_default, make_group
 from testbed.parallel.messages import worker_step
-from testbed.parallel.sharding import shard_model
+from testbed.parallel.sharding import build_rank_model
 from testbed.parallel.worker import JOIN_TIMEOUT_S, WorkerPlan, run_worker
 
 logger = logging.getLogger(__name__)
@@ -83,10 +83,10 @@ class TensorParallel:
             self._finalizer = weakref.finalize(self, _stop, [], self.group)
         self.timeout_s = config.distributed_timeout_s
 
-    def shard(self, model):
-        """Rank 0's whole model reduced to its shard; then every worker's build report (a traceback if its
-        build failed) is collected."""
-        model = shard_model(model, self.group)
+    def build_model(self, spec, ops, dtype, device, seed: int):
+        """Rank 0's shard of the model, loaded alone (the workers load theirs meanwhile); then every worker's
+        build report (a traceback if its build failed) is collected."""
+        model = build_rank_model(spec, ops, dtype, device, seed, self.group)
         failed = [r for r in self.group.gather_objects(None) if r is not None]
         if failed:
             self.close(stop=False)

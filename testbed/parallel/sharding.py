@@ -1,23 +1,29 @@
-"""Split a built Llama-family model into one rank's shard, in place (Megatron-LM's layout, as vLLM lays it).
+"""One rank's shard of a Llama-family model, built and loaded alone (Megatron-LM's layout, as vLLM lays it out).
 
-- Attention by heads: rank r keeps query heads [r*H/N, (r+1)*H/N) and KV heads [r*K/N, (r+1)*K/N) of the fused
-  qkv projection (column parallel), the matching columns of o_proj (row parallel), and its KV cache holds only
-  its KV heads.
-- MLP: the gate and up halves of gate_up_proj split by columns, down_proj by rows.
-- An all-reduce after o_proj and after down_proj (two per layer) restores the full hidden state on every rank.
-- LM head: vocabulary parallel (each rank scores a contiguous slice of the vocabulary, padded to a multiple of N),
-  the slices gathered into full logits; rank 0 drives it (`VocabParallelHead.forward`), the workers follow.
-- The embedding stays whole on every rank (vLLM splits it by vocabulary too; here its memory is replicated).
+- Attention by heads: qkv_proj keeps this rank's query heads and KV heads (column parallel), o_proj its
+  input columns (row parallel, all-reduce after); the KV cache holds this rank's KV heads.
+- MLP: gate_up_proj keeps this rank's slice of the gate and of the up rows (column parallel), down_proj its
+  input columns (row parallel, all-reduce after).
+- Vocabulary parallel (Megatron's VocabParallelEmbedding / ParallelLMHead): each rank holds ceil(V / N) rows
+  of the embedding and of the LM head (the last rank's padded with zeros). The embedding looks up the ids in
+  its range, zeros elsewhere, and sums over ranks; the LM head's logits slices are gathered to rank 0, which
+  samples. Tied embeddings stay tied: both hold the same rows.
+- RMSNorm weights (and qwen3's per-head q/k norms) are replicated.
 
-Weights are loaded whole and then sliced (each rank builds the full model first): simple and exact, but a rank
-briefly needs the whole model's memory (vLLM loads each rank's slices directly).
+The rank's module is built on the meta device and each parameter is made at its shard's size and filled
+from its pieces of the weights (testbed.models.weights: safetensors read by slice, seeded weights drawn in
+chunks), so a rank never holds the whole model.
 """
 
 import torch
 from torch import nn
 
-from testbed.models.llama import Attention, LlamaForCausalLM
+from testbed.models.arch import ModelArch
+from testbed.models.build import ModelSpec, load_weights
+from testbed.models.llama import LlamaForCausalLM
+from testbed.models.weights import Piece, Slices
 from testbed.parallel.comm import TPGroup
+from testbed.parallel.config import shard_arch
 
 
 class RowParallelLinear(nn.Module):
@@ -32,65 +38,88 @@ class RowParallelLinear(nn.Module):
         return self.group.all_reduce(self.ops.linear(x, self.weight, None))
 
 
+class VocabParallelEmbedding(nn.Module):
+    """A rank's rows [start, start + rows) of the embedding: ids outside them look up zeros, and the ranks'
+    lookups are summed (every id is in exactly one rank's rows, so the sum is that row exactly)."""
+
+    def __init__(self, weight: torch.Tensor, start: int, vocab_size: int, group: TPGroup):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.start, self.end = start, min(start + weight.shape[0], vocab_size)
+        self.group = group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.start) | (ids >= self.end)
+        out = nn.functional.embedding((ids - self.start).masked_fill(outside, 0), self.weight)
+        return self.group.all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0.0))
+
+
 class VocabParallelHead(nn.Module):
-    """A rank's slice of the LM head's vocabulary rows. forward runs on rank 0 only: it tells the workers to
-    score the same rows (they call `local`), and gathers the slices."""
+    """A rank's rows of the LM head's vocabulary. forward runs on rank 0 only: it tells the workers to score
+    the same hidden rows (they call `local`), and gathers the slices into whole logits."""
 
     def __init__(self, weight: torch.Tensor, vocab_size: int, ops, group: TPGroup):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.vocab_size, self.ops, self.group = vocab_size, ops, group
 
-    def local(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.group.all_gather_last_dim(self.ops.linear(hidden, self.weight, None))[..., : self.vocab_size]
+    def local(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """This rank's logits slice sent to rank 0; rank 0 gets the whole logits (None elsewhere)."""
+        logits = self.group.gather_last_dim(self.ops.linear(hidden, self.weight, None))
+        return None if logits is None else logits[..., : self.vocab_size]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         self.group.send(("logits", tuple(hidden.shape), str(hidden.dtype).removeprefix("torch.")))
-        return self.local(self.group.broadcast(hidden.contiguous()))
+        logits = self.local(self.group.broadcast(hidden.contiguous()))
+        assert logits is not None  # rank 0
+        return logits
 
 
-def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
-    setattr(module, name, nn.Parameter(value, requires_grad=False))
+def vocab_rows(vocab_size: int, n: int) -> int:
+    """Embedding and LM head rows per rank (the last rank's padded)."""
+    return -(-vocab_size // n)
 
 
-def _rows(t: torch.Tensor, start: int, size: int) -> torch.Tensor:
-    return t[start : start + size].clone()
+def rank_slices(arch: ModelArch, rank: int, n: int) -> Slices:
+    """Rank `rank`'s pieces of the whole model's parameters (the layout in the module docstring)."""
+    d, full = arch.head_dim, arch.intermediate_size
+    h, k, inter = arch.num_attention_heads // n, arch.num_key_value_heads // n, full // n
+    q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
+    qkv = [Piece(0, rank * h * d, h * d, 0), Piece(0, q + rank * k * d, k * d, h * d)]
+    qkv.append(Piece(0, q + kv + rank * k * d, k * d, (h + k) * d))
+    gate_up = [Piece(0, rank * inter, inter, 0), Piece(0, full + rank * inter, inter, inter)]
+    out: Slices = {}
+    for i in range(arch.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out[p + "self_attn.qkv_proj.weight"] = qkv
+        if arch.attention_bias:
+            out[p + "self_attn.qkv_proj.bias"] = qkv
+        out[p + "self_attn.o_proj.weight"] = [Piece(1, rank * h * d, h * d)]
+        out[p + "mlp.gate_up_proj.weight"] = gate_up
+        out[p + "mlp.down_proj.weight"] = [Piece(1, rank * inter, inter)]
+    per = vocab_rows(arch.vocab_size, n)
+    rows = [Piece(0, rank * per, max(0, min(per, arch.vocab_size - rank * per)))]
+    out["model.embed_tokens.weight"] = rows
+    if not arch.tie_word_embeddings:
+        out["lm_head.weight"] = rows
+    return out
 
 
 @torch.no_grad()
-def shard_model(model: LlamaForCausalLM, group: TPGroup) -> LlamaForCausalLM:
-    """`model` (whole) reduced to rank group.rank's shard of group.world_size."""
-    n, r = group.world_size, group.rank
-    arch, ops = model.arch, model.ops
-    d = arch.head_dim
-    for layer in model.model.layers:
-        attn: Attention = layer.self_attn
-        h, k = attn.num_heads // n, attn.num_kv_heads // n
-        q_size, kv_size = attn.q_size, attn.kv_size
-        pieces = [(r * h * d, h * d), (q_size + r * k * d, k * d), (q_size + kv_size + r * k * d, k * d)]
-        qkv = attn.qkv_proj
-        _set(qkv, "weight", torch.cat([_rows(qkv.weight, s, z) for s, z in pieces]))
-        if qkv.bias is not None:
-            _set(qkv, "bias", torch.cat([_rows(qkv.bias, s, z) for s, z in pieces]))
-        qkv.out_features = (h + 2 * k) * d
-        attn.o_proj = RowParallelLinear(attn.o_proj.weight[:, r * h * d : (r + 1) * h * d].clone(), ops, group)
-        attn.num_heads, attn.num_kv_heads, attn.q_size, attn.kv_size = h, k, h * d, k * d
-
-        mlp, inter, full = layer.mlp, arch.intermediate_size // n, arch.intermediate_size
-        gate_up = mlp.gate_up_proj
-        _set(
-            gate_up,
-            "weight",
-            torch.cat([_rows(gate_up.weight, r * inter, inter), _rows(gate_up.weight, full + r * inter, inter)]),
-        )
-        gate_up.out_features = 2 * inter
-        mlp.down_proj = RowParallelLinear(mlp.down_proj.weight[:, r * inter : (r + 1) * inter].clone(), ops, group)
-
-    vocab = arch.vocab_size
-    per_rank = -(-vocab // n)
-    head = model.lm_head.weight
-    piece = head.new_zeros(per_rank, head.shape[1])
-    rows = head[r * per_rank : min((r + 1) * per_rank, vocab)]
-    piece[: rows.shape[0]] = rows
-    model.lm_head = VocabParallelHead(piece, vocab, ops, group)
-    return model
+def build_rank_model(
+    spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, seed: int, group: TPGroup
+) -> LlamaForCausalLM:
+    """Rank group.rank's shard of the spec's model, with only its own weights loaded."""
+    n, r, arch = group.world_size, group.rank, spec.arch
+    hidden, per = arch.hidden_size, vocab_rows(arch.vocab_size, group.world_size)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(shard_arch(arch, n), ops, spec.max_model_len)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj.weight, ops, group)
+            layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj.weight, ops, group)
+        model.model.embed_tokens = VocabParallelEmbedding(torch.empty(per, hidden), r * per, arch.vocab_size, group)
+        model.lm_head = VocabParallelHead(torch.empty(per, hidden), arch.vocab_size, ops, group)
+        if arch.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+    model.arch = arch  # the whole model's shape (its modules hold this rank's share)
+    return load_weights(model, spec, ops, dtype, device, seed, rank_slices(arch, r, n))

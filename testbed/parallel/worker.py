@@ -19,10 +19,10 @@ from testbed.executor.build import LOOKAHEAD_BLOCKS
 from testbed.executor.host_buffers import InputBuffers
 from testbed.executor.inputs import stage_inputs
 from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache
-from testbed.models.build import build_model, load_model_spec
+from testbed.models.build import load_model_spec
 from testbed.parallel.comm import TPGroup, env_rank, init_default, make_group
 from testbed.parallel.config import shard_arch
-from testbed.parallel.sharding import shard_model
+from testbed.parallel.sharding import build_rank_model
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,7 @@ class WorkerShard:
         spec = load_model_spec(config.model, config.max_model_len, config.tokenizer, config.hf_config)
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
         self.device = group.device
-        model = build_model(spec, get_backend(plan.kernel), dtype, self.device, config.seed)
-        self.model = shard_model(model, group)
+        self.model = build_rank_model(spec, get_backend(plan.kernel), dtype, self.device, config.seed, group)
         arch = shard_arch(spec.arch, group.world_size)
         layers = arch.num_hidden_layers
         self.kv_caches = allocate_kv_cache(arch, plan.num_blocks, config.block_size, layers, kv_dtype, self.device)
