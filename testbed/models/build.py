@@ -62,10 +62,10 @@ def build_model(spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, 
     return load_weights(model, spec, ops, dtype, device, seed, {})
 
 
-def whole_parameters(arch: ModelArch) -> dict[str, torch.Size]:
+def whole_parameters(arch: ModelArch, ops) -> dict[str, torch.Size]:
     """The whole model's parameter shapes by name, in its order (built on the meta device: no memory)."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(arch, None, 1)
+        model = LlamaForCausalLM(arch, ops, 1)
     return {name: p.shape for name, p in model.named_parameters()}
 
 
@@ -75,18 +75,18 @@ def load_weights(
 ) -> LlamaForCausalLM:
     """`model`, built on the meta device, made real on `device` in `dtype` with its pieces (`slices`, empty:
     the whole) of the spec's weights or seeded random ones; only its own parameters are ever allocated."""
-    made: dict[int, nn.Parameter] = {}
+    made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(meta parameter) -> (it, the real one)
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             if id(p) not in made:  # a tied parameter is made once
-                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
-            setattr(module, name, made[id(p)])
+                made[id(p)] = p, nn.Parameter(torch.empty(p.shape, dtype=dtype, device=device), requires_grad=False)
+            setattr(module, name, made[id(p)][1])
     params = dict(model.named_parameters())
     for name, p in params.items():
         if name in slices:  # padding rows no piece covers (a vocabulary split unevenly) stay zero
             p.zero_()
     model.cos_sin = torch.empty(0, device=device)
-    whole = whole_parameters(spec.arch)
+    whole = whole_parameters(spec.arch, ops)
     if spec.weights_folder is None:
         draw_random_weights(params, whole, slices, seed, device)
     else:

@@ -95,7 +95,10 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend):
         super().__init__()
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        # _weight: no random init (the loader fills it; normal_ on the meta device would import torch._dynamo)
+        self.embed_tokens = nn.Embedding(
+            arch.vocab_size, arch.hidden_size, _weight=torch.empty(arch.vocab_size, arch.hidden_size)
+        )
         self.layers = nn.ModuleList(DecoderLayer(arch, ops) for _ in range(arch.num_hidden_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
 

@@ -8,7 +8,7 @@ and one chunk. Every rank draws the whole seeded stream (in chunks) and keeps it
 weights are exactly the unsharded model's (the price: each rank spends the whole model's random draws).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ _FUSED = {
 
 # seeded weights are drawn this many elements at a time (rounded to whole rows, a multiple of 16 of them: on a
 # CPU, chunks of a multiple of 16 elements draw the same numbers as one draw of the whole parameter)
-_CHUNK_ELEMENTS = 1 << 16
+DRAW_CHUNK_ELEMENTS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,11 @@ Reader = Callable[[int, int, tuple[int, int] | None], torch.Tensor]
 class _Filler:
     """Copies sources into the pieces of the model's parameters that they cover, counting what it wrote."""
 
-    def __init__(self, params: dict[str, torch.Tensor], whole: dict[str, torch.Size], slices: Slices):
+    def __init__(self, params: Mapping[str, torch.Tensor], whole: dict[str, torch.Size], slices: Slices):
         unknown = sorted(set(params) - set(whole))
         if unknown:
             raise ValueError(f"parameters {unknown[:5]} are not in the whole model")
-        self.params, self.whole = params, whole
+        self.params, self.whole = dict(params), whole
         self.pieces = {name: slices.get(name) or [Piece(0, 0, whole[name][0])] for name in params}
         self.written = dict.fromkeys(params, 0)
 
@@ -102,7 +102,7 @@ def _fused_rows(arch: ModelArch, fused_name: str, shard: int) -> tuple[int, int]
 
 @torch.no_grad()
 def load_hf_weights(
-    params: dict[str, torch.Tensor], arch: ModelArch, whole: dict[str, torch.Size], slices: Slices, folder: Path
+    params: Mapping[str, torch.Tensor], arch: ModelArch, whole: dict[str, torch.Size], slices: Slices, folder: Path
 ) -> None:
     """params: the model's parameters by name; whole: the whole model's parameter shapes by name; slices: the
     pieces of them this model holds (empty: all)."""
@@ -150,7 +150,7 @@ def init_random_weights(model: torch.nn.Module, seed: int) -> None:
 
 @torch.no_grad()
 def draw_random_weights(
-    params: dict[str, torch.Tensor], whole: dict[str, torch.Size], slices: Slices, seed: int, device
+    params: Mapping[str, torch.Tensor], whole: dict[str, torch.Size], slices: Slices, seed: int, device
 ) -> None:
     """Seeded, scaled so activations stay finite through many layers (for speed work, not quality): one
     generator over the whole model's parameters in order (`whole`'s), each drawn in row chunks."""
@@ -162,7 +162,7 @@ def draw_random_weights(
             filler.put(name, 0, shape[0], _reader(value))
             continue
         fan_in = shape[-1]
-        step = max(16, _CHUNK_ELEMENTS // shape[1:].numel() // 16 * 16)
+        step = max(16, DRAW_CHUNK_ELEMENTS // shape[1:].numel() // 16 * 16)
         for start in range(0, shape[0], step):
             rows = min(step, shape[0] - start)
             chunk = torch.randn((rows, *shape[1:]), generator=gen, device=device) * (fan_in**-0.5) * 0.5

@@ -2,10 +2,10 @@
 
     t = t_rank(step) + 2 * L * allreduce(tokens * hidden * b) + allgather(logit rows * vocab * b)
 
-Per rank (Megatron-LM layout, as vLLM lays it): a 1/N share of the heads, KV heads, MLP width and
-vocabulary (embedding and LM head vocabulary-parallel; the real engine here keeps the embedding whole, which
-only moves the lookup and V * hidden of memory). The roofline prices that rank's shape directly; a measured
-profile (one device) is scaled: its per-step and per-sequence terms stay, the rest is divided by N
+Per rank (Megatron-LM layout, as vLLM and the real engine here lay it): a 1/N share of the heads, KV heads,
+MLP width and vocabulary (embedding and LM head vocabulary-parallel). Not priced: the embedding's all-reduce
+(one hidden row per token, once per step, beside the layers' 2 L). The roofline prices that rank's shape
+directly; a measured profile (one device) is scaled: its per-step and per-sequence terms stay, the rest is divided by N
 (an assumption: perfect per-rank scaling of the fitted rates, no smaller-GEMM inefficiency).
 
 Collectives over the replica's intra-node link (parallel.link, a testbed/specs/link spec), ring algorithms
