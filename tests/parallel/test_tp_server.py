@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 from experiments.engine_config import engine_config_from_cfg
 from testbed.detokenize import token_strings
@@ -34,7 +34,7 @@ def free_port() -> int:
 
 def reference(overrides: list[str], prompts: list[list[int]]) -> list[tuple[list[str], list[float], str]]:
     """(token strings, their logprobs, text) per prompt from the same composed config on one rank."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     engine = Engine(replace(engine_config_from_cfg(cfg), tensor_parallel_size=1))
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=1, ignore_eos=True)
