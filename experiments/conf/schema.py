@@ -39,10 +39,21 @@ class CacheSchema:
 
 
 @dataclass
-class PagedCacheSchema(CacheSchema):
-    """cache=paged: a KV dtype and the host-memory tier on top."""
+class PagedCacheSchema:
+    """cache=paged: a KV dtype and the host-memory tier beside CacheSchema's keys (fields in the yaml's order:
+    it is the recorded config's)."""
 
+    name: str = MISSING
+    block_size: int = 16
+    num_blocks: int | None = None
+    memory_gb: float = 1.0
     dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    prefix_caching: bool = True
+    eviction: str = "lru"
+    preemption_mode: str = "recompute"
+    swap_space_gb: float = 1.0
+    num_cpu_blocks: int | None = None
     host_tier_gb: float | None = None
     host_tier_blocks: int | None = None
     host_tier_write: str = "back"
@@ -59,10 +70,15 @@ class SchedulerSchema:
 
 
 @dataclass
-class PreemptingSchedulerSchema(SchedulerSchema):
+class PreemptingSchedulerSchema:
     """A policy that sets the cache's default preemption mode (scheduler=mlfq: swap)."""
 
+    name: str = MISSING
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,8 +115,10 @@ class LayerSkipSpecSchema(SpecSchema):
 
 
 @dataclass
-class DraftSpecSchema(LayerSkipSpecSchema):
+class DraftSpecSchema(SpecSchema):
+    num_speculative_tokens: int = 2
     model: str = "smollm2-135m"
+    num_layers: int = 24
 
 
 @dataclass
