@@ -5,44 +5,34 @@
     python run.py model=smollm2-135m kernel=cpu trace=azure cluster.replicas=2   # real: one process each
 
 The same result files as a single-engine run (experiments.results), with the cluster's columns and keys
-(experiments.cluster.recording); the same signal handling (partial results kept, summary says so).
+(experiments.cluster.recording), through the same run path (experiments.replay_run): signal handling
+(partial results kept, summary says so) and W&B (config, summary, requests table; no per-step series:
+the replicas' step counters interleave and W&B needs one increasing step).
 """
 
 from __future__ import annotations
 
-import signal
-import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
-from tqdm.auto import tqdm
 
 from experiments.cluster.recording import ClusterRecorder, cluster_summary
-from experiments.metrics import DEFAULT_PERCENTILES, check_slo
-from experiments.replay import MODES, Replay
-from experiments.results import write_run
+from experiments.metrics import check_slo
+from experiments.replay import Replay
+from experiments.replay_run import config_value, drive, end_run, run_setup, run_summary, session_tables, write_results
 from experiments.run_console import print_summary
 from experiments.runner import (
     SWEEP_COLUMNS,
-    _hydra_info,
-    _positive,
-    append_run_row,
     apply_length_policy,
     check_session_config,
-    config_value,
-    drive,
     executor_summary,
-    run_summary,
-    session_options,
-    session_tables,
     spec_summary,
     trace_vocab_size,
 )
 from experiments.sessions import is_session_trace, load_sessions, session_report
 from experiments.sessions.replay import SessionReplay
-from experiments.stop_signals import RunInterrupted, StopSignals
+from experiments.stop_signals import StopSignals
 from experiments.traces import RequestSpec, load_trace
 from testbed.cluster.config import ClusterConfig
 
@@ -146,46 +136,22 @@ def replay_cluster(
     quiet: bool = False,
     max_model_len: int | None = None,
 ) -> dict:
-    run_dir = Path(run_dir)
-    replay_cfg = config_value(cfg, "replay", {}) or {}
-    mode = replay_cfg.get("name", "offline")
-    if mode not in (*MODES, "sessions"):
-        raise ValueError(f"replay.name: unknown replay mode {mode!r}; one of {list(MODES)}")
-    slo = check_slo(config_value(cfg, "slo"))
-    percentiles = list(config_value(cfg, "metrics.percentiles", DEFAULT_PERCENTILES) or DEFAULT_PERCENTILES)
-    resolved = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    experiment = config_value(cfg, "experiment", "default")
-    hydra = _hydra_info()
     roles = cluster.roles
+    setup = run_setup(cfg, run_dir, len(specs), desc=f", {len(roles)} replicas", quiet=quiet)
     recorder = ClusterRecorder(roles, cluster_cfg.disaggregated)
     if engines is not None:
         recorder.attach_all(engines)
-    bar = tqdm(
-        total=len(specs),
-        unit="req",
-        desc=f"{experiment} [{mode}, {len(roles)} replicas]",
-        dynamic_ncols=True,
-        mininterval=0.5,
-        disable=quiet or not config_value(cfg, "progress", True),
-        file=sys.stderr,
-    )
-    session_args = session_options(replay_cfg, mode)
-    if session_args:  # specs are experiments.sessions.Session
-        session_args["max_model_len"] = max_model_len
-    replay = (SessionReplay if mode == "sessions" else Replay)(
-        cluster,
-        recorder,
-        **session_args,
-        temperature=replay_cfg.get("temperature", 0.0),
-        max_duration_s=_positive(replay_cfg.get("max_duration_s"), "replay.max_duration_s"),
-        on_finish=lambda _row: bar.update(1),
-        source=source,
+    options = setup.replay_options(source)
+    if setup.mode == "sessions":  # specs are experiments.sessions.Session
+        options["max_model_len"] = max_model_len
+    replay = (SessionReplay if setup.mode == "sessions" else Replay)(
+        cluster, recorder, **options, temperature=setup.replay_cfg.get("temperature", 0.0)
     )
     with StopSignals() as stops:
         try:
-            interrupted, error = drive(replay, specs, mode, replay_cfg.get("concurrency"), stops)
+            interrupted, error = drive(replay, specs, setup.mode, setup.replay_cfg.get("concurrency"), stops)
         finally:
-            bar.close()
+            setup.bar.close()
             recorder.detach()
         collect = getattr(cluster, "collect_steps", None)  # replica processes send their step rows at the end
         if collect is not None:
@@ -196,10 +162,9 @@ def replay_cluster(
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()
         summary = run_summary(
-            requests, steps, start, end, replay, experiment, mode, trace_report, len(specs), stops, interrupted, error,
-            slo, percentiles, cfg, resolved,
-        )  # fmt: skip
-        summary.update(cluster_summary(requests, steps, start, end, roles, slo, percentiles))
+            cfg, setup, requests, steps, start, end, replay, trace_report, len(specs), stops, interrupted, error
+        )
+        summary.update(cluster_summary(requests, steps, start, end, roles, setup.slo, setup.percentiles))
         summary.update(cluster.identity())
         tables = session_tables(replay, requests, summary, len(specs))
         if engines is not None:
@@ -210,25 +175,14 @@ def replay_cluster(
                 summary["sim_steps"] = sum(e.executor.num_steps for e in engines)
         else:  # replica processes: what they resolved kernel=auto to
             summary["executor"], summary["kernel"] = "real", cluster.description.kernel
-        write_run(
-            run_dir,
-            config_yaml=OmegaConf.to_yaml(OmegaConf.create(resolved)),
-            requests=requests,
-            steps=steps,
-            summary=summary,
-            trace_report=trace_report,
-            tables=tables,
-        )
-        append_run_row(cfg, run_dir, summary, hydra, SWEEP_COLUMNS + CLUSTER_SWEEP_COLUMNS)
+        write_results(
+            cfg, setup, stops, summary, requests, steps, trace_report=trace_report, tables=tables,
+            columns=SWEEP_COLUMNS + CLUSTER_SWEEP_COLUMNS,
+        )  # fmt: skip
     if not quiet:
-        print_summary(summary, engines[0] if engines is not None else cluster.description, run_dir)
-    if not quiet:
+        print_summary(summary, engines[0] if engines is not None else cluster.description, setup.run_dir)
         print_cluster(summary)
-    if error is not None:
-        raise error
-    if interrupted or stops.hits:
-        raise RunInterrupted(stops.hits[0] if stops.hits else signal.SIGINT)
-    return summary
+    return end_run(summary, stops, interrupted, error)
 
 
 def print_cluster(summary: dict, console: Console | None = None) -> None:

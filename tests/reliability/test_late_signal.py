@@ -4,8 +4,8 @@ say interrupted: the runner rewrites it when a signal landed after the summary w
 import json
 import signal
 
+from experiments.replay_run import _mark_late_signal
 from experiments.results import write_json
-from experiments.runner import _mark_late_signal
 from experiments.stop_signals import StopSignals
 
 

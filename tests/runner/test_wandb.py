@@ -66,3 +66,21 @@ def test_disabled_by_environment(tmp_path, tiny_cfg, monkeypatch):
     )
     run_trace(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "wandb").exists()
+
+
+def test_cluster_run_logs_its_summary_and_requests(tmp_path, monkeypatch):
+    from experiments.cluster.runner import run_cluster
+
+    from ..cluster.helpers import SIM, SMALL_TRACE, cfg
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    overrides = [*SIM, *SMALL_TRACE, "cluster.replicas=2", "wandb.enabled=true", "wandb.project=testbed-tests"]
+    run_cluster(cfg(*overrides), tmp_path / "run", quiet=True)
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    log = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
+    assert b"replica_request_cv" in log and b"mean_ttft_ms" in log  # the cluster's summary
+    tables = list(runs[0].glob("files/media/table/requests_*.table.json"))
+    table = json.loads(tables[0].read_text())
+    assert "replica" in table["columns"] and len(table["data"]) == 40
