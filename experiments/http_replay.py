@@ -232,8 +232,9 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     from omegaconf import OmegaConf
 
     from experiments.metrics import DEFAULT_PERCENTILES, check_slo
+    from experiments.replay_run import positive
     from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
-    from experiments.runner import _positive, apply_length_policy, check_session_config, config_value
+    from experiments.runner import apply_length_policy, check_session_config, config_value
     from experiments.sessions import is_session_trace, load_sessions, session_report
     from experiments.sessions.http_replay import HttpSessionReplay, replay_sessions_http
     from experiments.sessions.metrics import session_summary, turns_table
@@ -265,8 +266,8 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
             max_model_len=max_model_len,
             api_key=api_key,
             concurrency=replay_cfg.get("concurrency"),
-            max_prompt_tokens=_positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
-            max_output_tokens=_positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
+            max_prompt_tokens=positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
+            max_output_tokens=positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
             temperature=replay_cfg.get("temperature", 0.0) or 0.0,
         )
         num_specs = len(sessions)
