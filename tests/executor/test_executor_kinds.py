@@ -4,6 +4,7 @@ into testbed/sim."""
 
 import ast
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -49,9 +50,13 @@ class FixedBlocks(HostKind):
 
 @pytest.fixture
 def mylab(tmp_path, monkeypatch):
+    """A researcher's package outside the repo; other tests make their own `mylab` (a policy, a cost
+    model), so whichever of them was imported first is dropped from sys.modules for this one."""
     (tmp_path / "mylab").mkdir()
     (tmp_path / "mylab" / "__init__.py").write_text("")
     (tmp_path / "mylab" / "kinds.py").write_text(textwrap.dedent(KIND))
+    for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
