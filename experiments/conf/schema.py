@@ -57,7 +57,7 @@ class PagedCacheSchema:
     host_tier_gb: float | None = None
     host_tier_blocks: int | None = None
     host_tier_write: str = "back"
-    host_tier_link: str = "pcie-gen5"
+    host_tier_link: Any = "pcie-gen5"  # a link spec name, or its values inline ({name, bandwidth_gbs, ...})
 
 
 @dataclass

@@ -61,7 +61,7 @@ class AccountingCheck:
     def __call__(self, stats):
         self.steps += 1
         kv, sched = self.engine.kv, self.engine.scheduler
-        if not hasattr(kv, "pool"):  # a static contiguous allocator: its own accounting
+        if kv.pool is None:  # a static contiguous allocator: its own accounting
             return
         kv.pool.check_invariants()
         running = {r.request_id: r for r in sched.running}
@@ -83,7 +83,7 @@ def _run(spec=None, prompts=PROMPTS, params=GREEDY, waves=1, **kw):
     for w in range(waves):  # later waves hit the prefix cache left by earlier ones
         outs += [o.outputs[0].token_ids for o in llm.generate(prompts[w * chunk : (w + 1) * chunk], params)]
     engine = llm.engine
-    if hasattr(engine.kv, "pool"):
+    if engine.kv.pool is not None:
         engine.kv.pool.check_invariants()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     return outs, engine, check
