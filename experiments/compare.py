@@ -178,6 +178,27 @@ def _sweep_runs(path: Path, where: dict[str, str] | None) -> list[Run]:
     return sorted(runs, key=lambda r: r.repeat)
 
 
+def _sequential(a: list[Run], b: list[Run]) -> tuple[str, str] | None:
+    """("A", "B") when all of A's runs ended before any of B's started (or the reverse), by the runs' own
+    clock readings (time.monotonic: one machine, any process); None when they interleave or are unknown."""
+
+    def span(runs):
+        starts = [r.summary.get("start_time") for r in runs]
+        ends = [r.summary.get("end_time") for r in runs]
+        if any(not isinstance(t, (int, float)) for t in starts + ends):
+            return None
+        return min(starts), max(ends)
+
+    sa, sb = span(a), span(b)
+    if sa is None or sb is None:
+        return None
+    if sa[1] <= sb[0]:
+        return "A", "B"
+    if sb[1] <= sa[0]:
+        return "B", "A"
+    return None
+
+
 def pair_runs(a: list[Run], b: list[Run]) -> tuple[list[tuple[Run, Run]], list[str]]:
     notes = []
     by_a, by_b = {r.repeat: r for r in a}, {r.repeat: r for r in b}
@@ -351,6 +372,12 @@ def compare(
         )
     if not paired:
         notes.append("the sides ran different requests: unpaired comparison over runs (no request pairs)")
+    if machine and len(pairs) > 1 and (order := _sequential(runs_a, runs_b)):
+        notes.append(
+            f"every run of {order[0]} ended before the first of {order[1]} started (the sides ran one after the "
+            "other, not interleaved): a drift of the machine between them reads as a difference between A and "
+            "B; interleave the sides (a seed sweep over both settings) so that each pair shares the machine's state"
+        )
     req = paired_requests(pairs) if paired else pd.DataFrame()
     return Comparison(
         str(a),

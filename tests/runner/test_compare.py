@@ -186,3 +186,27 @@ def test_real_engine_noise_identical_configurations_and_a_planted_slowdown(tmp_p
             longer_decode(run, out / run.name, scale * shift_ms / 1e3)
         shutil.copy(REAL / "B" / "sweep.csv", out / "sweep.csv")
         assert compare(REAL / "A", out, top=0).verdicts()["p50_tpot_ms"] == expect, scale
+
+
+QUIET = ROOT / "results/statistics/real_noise_smollm2"  # SmolLM2, warm-up run first, A then B (README there)
+
+
+def test_sides_run_one_after_the_other_are_named_as_such(tmp_path):
+    """Two sides of one configuration of the real engine (SmolLM2, kernel=cpu, quiet machine), B run right
+    after A: the machine drifted ~7% slower in between and p99 TPOT reads as "A better" at Holm's 5%.
+    compare says the sides did not interleave, which is what a reader needs to discount it; with the same
+    runs' clock readings interleaved the note is gone."""
+    result = compare(QUIET / "A", QUIET / "B", top=0)
+    assert result.design == "paired" and result.pairs == 5 and result.requests == 200
+    verdicts = result.verdicts()
+    assert verdicts.pop("p99_tpot_ms") == "A better" and set(verdicts.values()) == {SAME}, result.text()
+    assert any("ended before the first of B started" in n for n in result.notes), result.notes
+
+    shifted = tmp_path / "B"
+    shutil.copytree(QUIET / "A", shifted)
+    for summary_path in shifted.glob("repeat*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        summary["start_time"] += 1.0  # each B run now starts while its A twin runs
+        summary["end_time"] += 1.0
+        summary_path.write_text(json.dumps(summary))
+    assert not any("interleave" in n for n in compare(QUIET / "A", shifted, top=0).notes)
