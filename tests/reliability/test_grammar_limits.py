@@ -120,24 +120,39 @@ def test_compiled_grammar_stays_with_the_request(tokenizer):
     assert other.compile(params) is not first  # another backend (tokenizer) compiles its own
 
 
-def test_memory_stays_bounded_across_many_distinct_grammars(tokenizer):
-    """The issue's 1,000 distinct grammars scaled down to 40 of ~0.4 MB each (16 MB if all were kept)."""
+def _grammar_memory(tokenizer, count: int) -> None:
+    """count distinct grammars of ~0.4 MB compiled each through a cache bounded at 1 MiB: the cache keeps its
+    bound and resident memory grows by far less than all of them would take."""
     limit = 2**20
     grammars = backend(tokenizer, cache_bytes=limit)
     grammars.compile(S(regex="warm"))
     process = psutil.Process()
     before = process.memory_info().rss
     largest = total = 0
-    for i in range(40):  # each distinct: none is a cache hit
+    for i in range(count):  # each distinct: none is a cache hit
         size = grammars.compile(S(regex=f"(x{i}|y{i})" + "[a-z]" * 60)).memory_size_bytes
         largest, total = max(largest, size), total + size
         # xgrammar evicts down to the limit before inserting, so it may pass it by about one grammar
         assert grammars.cache_size_bytes() <= limit + 2 * largest
     grown = process.memory_info().rss - before
     cached = grammars.cache_size_bytes() / 2**20
-    print(f"\n40 distinct grammars, {total / 2**20:.1f} MB compiled: cache {cached:.2f} MB, +{grown / 2**20:.1f} MB")
+    print(
+        f"\n{count} distinct grammars, {total / 2**20:.1f} MB compiled: cache {cached:.2f} MB, +{grown / 2**20:.1f} MB"
+    )
     assert total > 10 * limit  # without the bound the cache would hold all of them
-    assert grown < total / 2, f"resident memory grew {grown / 2**20:.0f} MB"
+    assert grown < min(total / 2, 64 * 2**20), f"resident memory grew {grown / 2**20:.0f} MB"
+
+
+def test_memory_stays_bounded_across_many_distinct_grammars(tokenizer):
+    """The issue's 1,000 distinct grammars scaled down to 40 (16 MB if all were kept); the slow test below
+    runs all 1,000."""
+    _grammar_memory(tokenizer, 40)
+
+
+@pytest.mark.slow
+def test_memory_stays_bounded_across_1000_distinct_grammars(tokenizer):
+    """The issue's figure: 1,000 distinct grammars (~0.4 GB if all were kept)."""
+    _grammar_memory(tokenizer, 1000)
 
 
 @pytest.mark.parametrize(
