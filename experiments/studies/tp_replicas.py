@@ -4,13 +4,13 @@ conversation trace; goodput, SLO attainment, TTFT and TPOT with 95% intervals ov
     python -m experiments.studies.tp_replicas                      # -> results/tp/tp_replicas*.csv, .png
     python -m experiments.studies.tp_replicas --windows 1 --requests 200 --scales 8   # a quick look
 
-Every replica is priced by the h100-sxm roofline for one rank's share of the model plus two ring all-reduces
-per layer and a logits all-gather over NVLink (testbed/parallel/sim_cost.py); its KV capacity is what one
-rank's 80 GB holds after its share of the weights (gpu_memory_utilization 0.9), times nothing: every rank
-holds the same blocks' share of heads. The router is least_outstanding. Held fixed: the engine (fcfs, chunked
-prefill, max_num_batched_tokens 8192, max_num_seqs 256, block 16, prefix caching), SLOs (TTFT 2 s, TPOT
-100 ms), the offered load per run (time_scale: arrivals sped up that many times). Repeats: 3 disjoint
-windows of 1,000 requests (workload variation), mean and 95% t interval. Runs already in the CSV are skipped.
+Every replica is priced by the h100-sxm roofline for one rank's share of the model plus two ring all-reduces per
+layer, one after the embedding and a logits gather over NVLink (testbed/parallel/sim_cost.py); its KV capacity is
+what one rank's 80 GB holds after its share of the weights (gpu_memory_utilization 0.9), (every rank holds the same
+blocks' share of heads). The router is least_outstanding. Held fixed: the engine (fcfs, chunked prefill,
+max_num_batched_tokens 8192, max_num_seqs 256, block 16, prefix caching), SLOs (TTFT 2 s, TPOT 100 ms), the offered
+load per run (time_scale: arrivals sped up that many times). Repeats: 3 disjoint windows of 1,000 requests (workload
+variation), mean and 95% t interval. Runs already in the CSV are skipped.
 """
 
 from __future__ import annotations

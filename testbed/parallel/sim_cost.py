@@ -1,10 +1,11 @@
 """Pricing a tensor-parallel step in the simulator: one rank's compute and memory time plus the collectives.
 
-    t = t_rank(step) + 2 * L * allreduce(tokens * hidden * b) + allgather(logit rows * vocab * b)
+    t = t_rank(step) + (2 * L + 1) * allreduce(tokens * hidden * b) + gather(logit rows * vocab * b)
 
 Per rank (Megatron-LM layout, as vLLM and the real engine here lay it): a 1/N share of the heads, KV heads,
-MLP width and vocabulary (embedding and LM head vocabulary-parallel). Not priced: the embedding's all-reduce
-(one hidden row per token, once per step, beside the layers' 2 L). The roofline prices that rank's shape
+MLP width and vocabulary (embedding and LM head vocabulary-parallel). The collectives are the real engine's
+(testbed/parallel/sharding.py): the vocabulary-parallel embedding's all-reduce (once per step), two per
+layer, and the logits slices gathered to rank 0 only. The roofline prices that rank's shape
 directly; a measured profile (one device) is scaled: its per-step and per-sequence terms stay, the rest is divided by N
 (an assumption: perfect per-rank scaling of the fitted rates, no smaller-GEMM inefficiency).
 
@@ -13,9 +14,9 @@ Collectives over the replica's intra-node link (parallel.link, a testbed/specs/l
 2005; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 2009),
 each rank sending and receiving at the link's one-way bandwidth:
     all-reduce of B bytes   2 (N-1)/N * B / bw + 2 (N-1) * latency
-    all-gather to B bytes     (N-1)/N * B / bw +   (N-1) * latency
-Two all-reduces per layer (after the attention output and the MLP down projection) and one logits
-all-gather per step. Not modelled: overlap of communication with compute (vLLM's default TP does not
+    gather to one rank       (N-1)/N * B / bw +   (N-1) * latency   (the root's ingress; latency as a ring)
+Two all-reduces per layer (after the attention output and the MLP down projection), one after the embedding,
+and one logits gather per step. Not modelled: overlap of communication with compute (vLLM's default TP does not
 overlap them either), the reduction's own arithmetic, NCCL protocol choices (tree / LL128) and contention.
 """
 
@@ -39,8 +40,9 @@ def all_reduce_s(num_bytes: float, n: int, link) -> float:
     return 2 * (n - 1) / n * num_bytes / (link.bandwidth_gbs * 1e9) + 2 * (n - 1) * link.latency_us * 1e-6
 
 
-def all_gather_s(num_bytes: float, n: int, link) -> float:
-    """Ring all-gather whose result is num_bytes on every rank."""
+def gather_s(num_bytes: float, n: int, link) -> float:
+    """Gather of num_bytes to one rank: the root receives (n-1)/n of it over its link; the latency of a ring's
+    n-1 hops (an upper bound: a direct gather's messages may overlap)."""
     if n == 1:
         return 0.0
     return (n - 1) / n * num_bytes / (link.bandwidth_gbs * 1e9) + (n - 1) * link.latency_us * 1e-6
@@ -80,8 +82,8 @@ class TensorParallelCost(CostModel):
         }
 
     def comm_time(self, s) -> float:
-        reduce = 2 * self.layers * all_reduce_s(s.num_tokens * self.row_bytes, self.n, self.link)
-        return reduce + (all_gather_s(s.num_logits * self.logit_bytes, self.n, self.link) if s.num_logits else 0.0)
+        reduce = (2 * self.layers + 1) * all_reduce_s(s.num_tokens * self.row_bytes, self.n, self.link)
+        return reduce + (gather_s(s.num_logits * self.logit_bytes, self.n, self.link) if s.num_logits else 0.0)
 
     def step_time(self, s) -> float:
         return self.per_rank.step_time(s) + self.comm_time(s)

@@ -9,7 +9,7 @@ from testbed.cluster.links import load_link
 from testbed.config import EngineConfig
 from testbed.engine import Engine
 from testbed.models.build import load_model_spec
-from testbed.parallel.sim_cost import ScaledProfile, TensorParallelCost, all_gather_s, all_reduce_s, rank_arch
+from testbed.parallel.sim_cost import ScaledProfile, TensorParallelCost, all_reduce_s, gather_s, rank_arch
 from testbed.sampling_params import SamplingParams
 from testbed.sim.cost_models.profile import FEATURES, ProfileCost
 from testbed.sim.cost_models.roofline import RooflineCost
@@ -26,11 +26,11 @@ def decode(seqs: int, context: int) -> StepShape:
 def test_ring_collectives_by_hand():
     # 1 MB over 8 ranks: 2 * 7/8 * 1e6 / 450e9 s of bandwidth, 2 * 7 hops of 3 us
     assert all_reduce_s(1e6, 8, NVLINK) == pytest.approx(2 * 7 / 8 * 1e6 / 450e9 + 14 * 3e-6)
-    assert all_gather_s(1e6, 8, NVLINK) == pytest.approx(7 / 8 * 1e6 / 450e9 + 7 * 3e-6)
-    assert all_reduce_s(1e6, 1, NVLINK) == all_gather_s(1e6, 1, NVLINK) == 0.0
+    assert gather_s(1e6, 8, NVLINK) == pytest.approx(7 / 8 * 1e6 / 450e9 + 7 * 3e-6)
+    assert all_reduce_s(1e6, 1, NVLINK) == gather_s(1e6, 1, NVLINK) == 0.0
 
 
-def test_a_tp_step_is_a_ranks_roofline_plus_two_all_reduces_per_layer():
+def test_a_tp_step_is_a_ranks_roofline_plus_the_real_engines_collectives():
     arch = load_model_spec("llama-3.1-70b").arch
     device = load_device("h100-sxm")
     whole = RooflineCost(arch, 2, device)
@@ -40,7 +40,7 @@ def test_a_tp_step_is_a_ranks_roofline_plus_two_all_reduces_per_layer():
         assert rank.linear_params == pytest.approx(whole.linear_params / n)  # every projection split n ways
         assert rank.kv_bytes_per_token == whole.kv_bytes_per_token // n
         cost = TensorParallelCost(rank, arch, 2, n, NVLINK)
-        comm = 2 * 80 * all_reduce_s(32 * 8192 * 2, n, NVLINK) + all_gather_s(32 * 128256 * 2, n, NVLINK)
+        comm = (2 * 80 + 1) * all_reduce_s(32 * 8192 * 2, n, NVLINK) + gather_s(32 * 128256 * 2, n, NVLINK)
         assert cost.step_time(shape) == pytest.approx(rank.step_time(shape) + comm)
     # a weight-bound decode step: the rank's time falls about n-fold, the collectives grow with n
     t = {n: TensorParallelCost(RooflineCost(rank_arch(arch, n), 2, device), arch, 2, n, NVLINK) for n in (2, 8)}
