@@ -8,12 +8,14 @@
     # the experiment of `python run.py trace=... replay=...`, over HTTP (same result files):
     python -m experiments.http_replay --url http://127.0.0.1:8000 trace=azure replay=open_loop trace.max_requests=50
     python -m experiments.http_replay --url http://127.0.0.1:8000 replay=sessions trace=sessions  # multi-turn
+    python -m experiments.http_replay --url URL replay=sessions trace=sharegpt_sessions trace.path=sg.json
 
 Each RequestSpec is sent as a streaming /v1/completions request (prompt as token ids, max_tokens,
 ignore_eos, temperature 0 by default) following experiments.replay's modes: open_loop at start +
 arrival_s (already time-scaled by the loader), offline all at once, closed_loop with `concurrency` in
 flight; replay=sessions is experiments.sessions.http_replay (each turn's prompt: the server's own tokens
-of the history, returned with return_token_ids). Times are taken on the client's monotonic clock as chunks arrive. With
+of the history, returned with return_token_ids; ShareGPT text is tokenized by the server's /tokenize).
+Times are taken on the client's monotonic clock as chunks arrive. With
 `stream_options.continuous_usage_stats` (this server, vLLM) each chunk says how many tokens it carries,
 otherwise each non-empty chunk counts as one token; the tokens of one chunk share its timestamp, which
 is how experiments.metrics counts ITL (per chunk).
@@ -238,6 +240,7 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     from experiments.sessions import is_session_trace, load_sessions, session_report
     from experiments.sessions.http_replay import HttpSessionReplay, replay_sessions_http
     from experiments.sessions.metrics import session_summary, turns_table
+    from experiments.sessions.server_tokenizer import ServerTokenizer
     from experiments.traces import load_trace
 
     run_dir = Path(run_dir)
@@ -245,7 +248,7 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     if not trace_cfg:
         raise ValueError(
             "an HTTP replay needs a trace: trace=azure|mooncake|burstgpt|sharegpt|synthetic, or replay=sessions "
-            "with trace=sessions|mooncake_sessions"
+            "with trace=sessions|sharegpt_sessions|mooncake_sessions"
         )
     slo = check_slo(config_value(cfg, "slo"))
     percentiles = list(config_value(cfg, "metrics.percentiles") or DEFAULT_PERCENTILES)
@@ -257,7 +260,8 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     run: HttpReplay
     if mode == "sessions" or is_session_trace(trace_cfg):
         check_session_config(cfg, trace_cfg)
-        sessions = load_sessions(trace_cfg, vocab_size=vocab_size, max_model_len=max_model_len)
+        with ServerTokenizer(url, info["id"], api_key) as tokenizer:  # text sources: the served model's ids
+            sessions = load_sessions(trace_cfg, vocab_size, max_model_len, tokenizer=tokenizer)
         report = {"format": trace_cfg.get("name"), "path": trace_cfg.get("path"), **session_report(sessions)}
         run = replay_sessions_http(
             sessions,

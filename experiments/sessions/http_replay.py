@@ -4,7 +4,9 @@ Each turn is a streaming /v1/completions request whose prompt is token ids: the 
 the server saw it, the tokens the server generated for it, then the turn's new tokens. The server returns
 both with `return_token_ids` (vLLM's extension, which this server implements), so the history holds the
 engine's exact tokens and its prefix cache can serve it back, as in experiments.sessions.replay. A text
-history (chat messages) would be re-tokenized and need not reproduce those tokens.
+history (chat messages) would be re-tokenized and need not reproduce those tokens. Text sources
+(trace=sharegpt_sessions) get their turns' ids from the server's /tokenize, framed by its chat template
+as experiments.sessions.chat_turns says.
 
 Timing follows experiments.sessions.replay on the client's clock: a session starts at its start_s (at most
 `concurrency` sessions active; one that waits starts when a slot frees), turn k+1 is sent think_s after
@@ -35,6 +37,7 @@ from .types import Session
 class HttpSessionReplay(HttpReplay):
     turns: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TURN_COLUMNS))
     turns_cut: int = 0
+    token_ids: dict[str, TokenIds] = field(default_factory=dict)  # by request id, with keep_token_ids
 
 
 def turn_spec(session: Session, k: int, prompt: list[int], arrival_s: float, max_output_tokens: int | None):
@@ -55,6 +58,7 @@ async def replay_sessions_http_async(
     max_output_tokens: int | None = None,
     temperature: float = 0.0,
     timeout_s: float | None = 600.0,
+    keep_token_ids: bool = False,
 ) -> HttpSessionReplay:
     import httpx
 
@@ -67,6 +71,7 @@ async def replay_sessions_http_async(
     rows: list[dict] = []
     turn_rows: list[dict] = []
     cut = 0
+    kept: dict[str, TokenIds] = {}
     slots = asyncio.Semaphore(concurrency) if concurrency is not None else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
@@ -89,6 +94,8 @@ async def replay_sessions_http_async(
                         cut += 1
                         return
                     row, ids = _row(spec, now), TokenIds()
+                    if keep_token_ids:
+                        kept[spec.request_id] = ids
                     rows.append(row)
                     turn_rows.append(
                         {
@@ -113,7 +120,7 @@ async def replay_sessions_http_async(
     df = requests_frame(rows, COLUMNS)
     finished = df["finish_time"].dropna()
     end = float(finished.max()) if len(finished) else time.monotonic()
-    return HttpSessionReplay(df, t0, end, pd.DataFrame(turn_rows, columns=TURN_COLUMNS), cut)
+    return HttpSessionReplay(df, t0, end, pd.DataFrame(turn_rows, columns=TURN_COLUMNS), cut, kept)
 
 
 def replay_sessions_http(sessions: Sequence[Session], base_url: str, model: str, **kwargs) -> HttpSessionReplay:

@@ -31,7 +31,8 @@ def test_api_key_is_enforced_with_the_servers_401(routed):
     with httpx.Client(base_url=router.url, timeout=10) as client:
         for auth in WRONG:
             headers = {} if auth is None else {"Authorization": auth}
-            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+                                 ("POST", "/tokenize"), ("POST", "/detokenize")):  # fmt: skip
                 r = client.request(method, path, json=body() if method == "POST" else None, headers=headers)
                 assert r.status_code == 401, (auth, path, r.text)
                 assert r.json()["error"]["code"] == "invalid_api_key"
@@ -68,3 +69,14 @@ def test_body_limit_and_malformed_json_are_refused_at_the_router(routed):
         assert r.status_code == 400, r.text
     assert not any(seen for b in backends for seen in b.seen)  # no backend saw any of them
     assert all(b.healthy for b in router.pool.backends)
+
+
+def test_a_tokenizer_answer_without_its_field_is_a_502_naming_the_backend():
+    cluster = {"router": "round_robin", "probe_interval_s": 0.2}
+    # the fake answers every POST with a completion, which is not a /tokenize answer
+    with FakeBackend("good") as fake, RouterThread(cluster | {"backends": [fake.url]}) as router:
+        r = httpx.post(router.url + "/tokenize", json={"prompt": "hi"}, timeout=10)
+        assert r.status_code == 502 and fake.url in r.json()["error"]["message"]
+        assert "`tokens`" in r.json()["error"]["message"]
+        r = httpx.post(router.url + "/detokenize", content=b"{not json", timeout=10)
+        assert r.status_code == 400 and fake.seen == [("POST", "/tokenize", None)]

@@ -160,8 +160,39 @@ def test_sharegpt_conversations_become_sessions(tmp_path, tokenizer):
     sessions = load_sessions({"name": "sharegpt_sessions", "path": str(path), "think_s": 0.0}, 49152, 2048, tokenizer)
     assert len(sessions) == 1 and len(sessions[0].turns) == 2
     t1 = sessions[0].turns[1]
-    assert tokenizer.decode(t1.new_token_ids) == "Name a prime."
+    # framed by the chat template: the assistant turn's end, the user message, the generation prompt
+    assert tokenizer.decode(t1.new_token_ids) == (
+        "<|im_end|>\n<|im_start|>user\nName a prime.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert t1.max_tokens == len(tokenizer.encode("7", add_special_tokens=False))
+    opts = {"name": "sharegpt_sessions", "path": str(path), "think_s": 0.0, "chat_template": False}
+    raw = load_sessions(opts, 49152, 2048, tokenizer)
+    assert tokenizer.decode(raw[0].turns[1].new_token_ids) == "Name a prime."
+    with pytest.raises(TraceError, match="chat_template"):
+        load_sessions(opts | {"chat_template": True}, 49152, 2048, PlainTokenizer(tokenizer))
+    with pytest.raises(TraceError, match="chat_template"):
+        load_sessions(opts | {"chat_template": True}, 49152, 2048, MergingTemplate())
+    with pytest.raises(TraceError, match="chat_template"):
+        load_sessions(opts | {"chat_template": "yes"}, 49152, 2048, tokenizer)
+
+
+class PlainTokenizer:
+    """An HF tokenizer's encode without a chat template."""
+
+    chat_template = None
+
+    def __init__(self, tokenizer):
+        self.encode = tokenizer.encode
+
+
+class MergingTemplate:
+    """A template whose next turn re-tokenizes the assistant message's end (it cannot extend an answer)."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [len(text)]
+
+    def encode_chat(self, messages, add_generation_prompt=True, continue_final_message=False):
+        return [len(messages), 7] if continue_final_message else [len(messages), 8, 9]
 
 
 def test_session_types_are_plain():

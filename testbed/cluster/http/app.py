@@ -3,6 +3,9 @@ or any vLLM-compatible server) chosen by a router policy, relaying the answer as
 
     POST /v1/completions, /v1/chat/completions   proxied (body and Authorization header as sent)
     GET  /v1/models                              from a healthy backend (Authorization header as sent)
+    POST /tokenize, /detokenize                  vLLM's tokenizer endpoints, from the least busy healthy
+                                                 backend (stateless: not routed by prefix, not counted in
+                                                 a backend's outstanding requests)
     GET  /health                                 200 while some backend is healthy, else 503; counts only
                                                  (?detail=true: each backend's URL and last error, behind
                                                  the api key when there is one)
@@ -247,6 +250,49 @@ class Proxy:
             self.metrics.requests.labels(self.metrics.label(backend), outcome).inc()
             self.metrics.duration.labels(self.metrics.label(backend)).observe(time.monotonic() - started)
 
+    async def tokenizer(self, request: Request, path: str):
+        """/tokenize or /detokenize from a healthy backend (the one with the fewest outstanding requests);
+        one that cannot be reached or answers garbage is counted against and the next is asked."""
+        started = time.monotonic()
+        body = await request.body()
+        parse_json_object(body)  # a malformed body is an OpenAI-style 400 before any backend sees it
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        tried: set[int] = set()
+        last_bad: JSONResponse | None = None
+        while True:
+            live = [b for b in self.pool.backends if b.healthy and b.index not in tried]
+            if not live:
+                if last_bad is not None:
+                    return last_bad
+                self.metrics.no_backend.inc()
+                return error_response(f"no healthy backend (of {len(self.pool.backends)})", 503)
+            backend = min(live, key=lambda b: b.outstanding)
+            tried.add(backend.index)
+            label = self.metrics.label(backend)
+            try:
+                upstream = await self.client.post(f"{backend.url}{path}", content=body, headers=headers)
+            except (httpx.TimeoutException, *NOT_ANSWERED) as e:
+                self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                self.metrics.retries.labels(label).inc()
+                continue
+            except httpx.HTTPError as e:
+                self.pool.failure(backend, f"{type(e).__name__}: {e}")
+                self.metrics.requests.labels(label, "error").inc()
+                return error_response(f"backend {backend.url} failed: {type(e).__name__}: {e}", 502)
+            problem = answer_problem(upstream.status_code, upstream.content, path)
+            if problem is not None:
+                self.pool.bad_answer(backend, problem)
+                self.metrics.requests.labels(label, "bad_answer").inc()
+                self.metrics.retries.labels(label).inc()
+                last_bad = error_response(f"backend {backend.url} sent a malformed answer: {problem}", 502,
+                                          "backend_error")  # fmt: skip
+                continue
+            self.pool.success(backend)
+            self.metrics.requests.labels(label, str(upstream.status_code)).inc()
+            self.metrics.duration.labels(label).observe(time.monotonic() - started)
+            return Response(upstream.content, upstream.status_code, media_type="application/json",
+                            headers={"x-testbed-backend": backend.url})  # fmt: skip
+
     async def models(self, request: Request):
         headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
         for backend in self.pool.backends:
@@ -318,6 +364,14 @@ def build_router_app(pool: BackendPool, router: Router, metrics: RouterMetrics, 
     @app.get("/v1/models", dependencies=auth)
     async def models(request: Request):
         return await proxy.models(request)
+
+    @app.post("/tokenize", dependencies=auth)
+    async def tokenize(request: Request):
+        return await proxy.tokenizer(request, "/tokenize")
+
+    @app.post("/detokenize", dependencies=auth)
+    async def detokenize(request: Request):
+        return await proxy.tokenizer(request, "/detokenize")
 
     @app.get("/health")
     async def health(request: Request, detail: bool = False):

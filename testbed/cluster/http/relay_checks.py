@@ -1,5 +1,6 @@
 """What the router checks in a backend's answer before relaying it: a whole answer must be a JSON object in
-OpenAI's shape (200: `choices` or a `list` object; an error status: an `error` object), a stream must be
+OpenAI's shape (200: `choices` or a `list` object, /tokenize's `tokens`, /detokenize's `prompt`; an error
+status: an `error` object), a stream must be
 server-sent events whose `data:` payloads are JSON objects, ending with `data: [DONE]`. Anything else (an
 HTML error page, garbage, a truncated stream) is the backend's fault: the client gets a 502 or an error
 event naming the backend, never the garbage."""
@@ -9,17 +10,23 @@ from __future__ import annotations
 import json
 
 SSE_FIELDS = (b"event", b"id", b"retry")
+# vLLM's tokenizer endpoints: the field a 200 answer must carry, and its type
+TOKENIZER_ANSWERS = {"/tokenize": ("tokens", list), "/detokenize": ("prompt", str)}
 
 
-def answer_problem(status: int, body: bytes) -> str | None:
-    """Why this whole answer is not a well-formed OpenAI answer, or None."""
+def answer_problem(status: int, body: bytes, path: str | None = None) -> str | None:
+    """Why this whole answer to `path` is not a well-formed OpenAI (or vLLM tokenizer) answer, or None."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return f"a non-JSON {status} body ({len(body)} bytes, starting {body[:40]!r})"
     if not isinstance(data, dict):
         return f"a {status} body that is JSON but not an object"
-    if status == 200:
+    if status == 200 and path in TOKENIZER_ANSWERS:
+        key, kind = TOKENIZER_ANSWERS[path]
+        if not isinstance(data.get(key), kind):
+            return f"a 200 body without `{key}`"
+    elif status == 200:
         if not isinstance(data.get("choices"), list) and data.get("object") != "list":
             return "a 200 body without `choices`"
     elif not isinstance(data.get("error"), dict):
