@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.input_processor import ValidatedRequests
 from testbed.outputs import RequestOutput
 
 INF = float("inf")
@@ -38,6 +39,7 @@ class EngineReplicas:
         self.sleep = sleep
         self.step_by_step = step_by_step
         self.requests: dict[str, Any] = {}  # request id -> the engine's Request, in the order sent
+        self.validated = ValidatedRequests()
 
     @property
     def now(self) -> float:
@@ -45,10 +47,12 @@ class EngineReplicas:
 
     def validate(self, prompt_token_ids: list[int], params, request_id: str) -> None:
         self.engine.validate(prompt_token_ids, params, request_id)
+        self.validated.add(request_id, prompt_token_ids, params)
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params, arrival_time: float, priority=0) -> int:
+        validated = self.validated.take(request_id, prompt_token_ids, params)
         request = self.engine.add_request(
-            request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority
+            request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority, validated=validated
         )
         self.requests[request_id] = request
         return 0

@@ -72,6 +72,7 @@ class Replay:
         self.num_sent = 0
         self.num_finished = 0
         self.timed_out = False
+        self._params: dict[str, SamplingParams] = {}  # built by validate, taken by submit
 
     @classmethod
     def of_engine(cls, engine, recorder, *, sleep: Callable[[float], None] = time.sleep, **kwargs) -> Replay:
@@ -88,18 +89,21 @@ class Replay:
         return TraceError(f"cannot run on this {self.target}: {error}", self.source, line, "length")
 
     def validate(self, specs: Sequence[RequestSpec]) -> None:
-        """Reject, before anything runs, a request no replica can ever run (e.g. too big for the cache)."""
+        """Reject, before anything runs, a request no replica can ever run (e.g. too big for the cache).
+        The params checked are the ones submit sends (the replica set need not check them again)."""
         for spec in specs:
             try:
-                self.replicas.validate(spec.prompt_token_ids, self.params(spec), spec.request_id)
+                params = self._params[spec.request_id] = self.params(spec)
+                self.replicas.validate(spec.prompt_token_ids, params, spec.request_id)
             except ValueError as e:
                 raise self._cannot_run(spec, e) from None
 
     def submit(self, spec: RequestSpec, arrival_time: float) -> None:
+        params = self._params.pop(spec.request_id, None)
+        if params is None:  # not validated here (a session's later turn)
+            params = self.params(spec)
         try:
-            replica = self.replicas.submit(
-                spec.request_id, spec.prompt_token_ids, self.params(spec), arrival_time, spec.priority
-            )
+            replica = self.replicas.submit(spec.request_id, spec.prompt_token_ids, params, arrival_time, spec.priority)
         except ValueError as e:  # no replica can ever run it (too long for the cache, ...)
             raise self._cannot_run(spec, e) from None
         self.recorder.on_add(spec, arrival_time, replica)

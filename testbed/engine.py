@@ -121,13 +121,19 @@ class Engine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        validated: bool = False,
     ) -> Request:
         """Queue a request; with n / best_of > 1 a group of sequences (testbed.sequence_group), whose first
-        sequence is returned (its siblings start when it has computed the prompt)."""
+        sequence is returned (its siblings start when it has computed the prompt).
+
+        validated: the caller passed these very prompt and params objects, unchanged, through `validate`
+        on this engine (a replay checks its whole trace before it starts, experiments.engine_replicas), so
+        they are not checked twice; anything else passes False."""
         params = params or SamplingParams()
         if request_id in self.scheduler.requests or request_id in self.output_processor.groups:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        self.validate(prompt_token_ids, params, request_id)
+        if not validated:
+            self.validate(prompt_token_ids, params, request_id)
         arrival_time = self.clock() if arrival_time is None else arrival_time
         if params.num_sequences == 1:
             request = Request(request_id, prompt_token_ids, params, arrival_time, priority, self.eos_token_ids)

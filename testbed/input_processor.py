@@ -98,3 +98,21 @@ def check_types(prompt_token_ids, params, request_id) -> None:
                 )
     if not isinstance(params, SamplingParams):
         raise TypeError(f"request {request_id}: sampling params must be SamplingParams, got {type(params).__name__}")
+
+
+class ValidatedRequests:
+    """Requests a replica set has validated, by id, so that submitting one does not check it again
+    (Engine.add_request's `validated`): only when the very prompt and params objects validated come back
+    (a replay validates its whole trace before it starts, then submits the same objects unchanged);
+    anything else, e.g. params rebuilt for another role, is checked as usual."""
+
+    def __init__(self) -> None:
+        self._checked: dict[str, tuple] = {}
+
+    def add(self, request_id: str, prompt_token_ids, params) -> None:
+        self._checked[request_id] = (prompt_token_ids, params)
+
+    def take(self, request_id: str, prompt_token_ids, params) -> bool:
+        """Whether this request was validated with these objects (forgotten either way)."""
+        checked = self._checked.pop(request_id, None)
+        return checked is not None and checked[0] is prompt_token_ids and checked[1] is params

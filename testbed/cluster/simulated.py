@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from testbed.cluster.prefix import leading_block_hashes
 from testbed.cluster.replica import SimReplica
 from testbed.cluster.routers import Router, RouteRequest
+from testbed.input_processor import ValidatedRequests
 from testbed.outputs import RequestOutput
 from testbed.sampling_params import SamplingParams
 from testbed.sim.clock import VirtualClock
@@ -69,6 +70,7 @@ class SimulatedCluster:
         self._heap: list[tuple] = []
         self._seq = 0
         self.replica_of: dict[str, int] = {}  # request id -> the replica it was routed to
+        self.validated = ValidatedRequests()  # what validate passed (the replicas share one engine config)
         # no request is sent before this time unless one finishes (run_until's quiet_until): a replica's
         # step may advance the decode steps that start before it in one go (Engine.step's horizon)
         self._horizon: float | None = None
@@ -86,6 +88,7 @@ class SimulatedCluster:
         """Raise (ValueError) if the replicas could never run this request (they share one engine config,
         seeds aside, so the first one answers for all)."""
         self.replicas[0].engine.validate(prompt_token_ids, params, request_id)
+        self.validated.add(request_id, prompt_token_ids, params)
 
     def route(self, request_id: str, prompt_token_ids: list[int], replicas: list[SimReplica], router: Router) -> int:
         hashes = leading_block_hashes(prompt_token_ids, self.block_size)
@@ -147,7 +150,12 @@ class SimulatedCluster:
     def _add(self, replica: SimReplica, request_id, prompt_token_ids, params, arrival_time, priority):
         replica.sync(self.now)
         request = replica.engine.add_request(
-            request_id, prompt_token_ids, params, self.now if arrival_time is None else arrival_time, priority
+            request_id,
+            prompt_token_ids,
+            params,
+            self.now if arrival_time is None else arrival_time,
+            priority,
+            validated=self.validated.take(request_id, prompt_token_ids, params),
         )
         replica.outstanding += 1
         replica.num_routed += 1

@@ -15,6 +15,7 @@ class FakeEngine:
     def __init__(self, dt=0.1, max_len=100):
         self.t, self.dt, self.max_len = 100.0, dt, max_len
         self.reqs, self.step_callbacks, self.sleeps, self.max_in_flight = {}, [], [], 0
+        self.validated: dict[str, bool] = {}  # add_request's `validated`, by request id
 
     def clock(self):
         return self.t
@@ -24,7 +25,8 @@ class FakeEngine:
         self.sleeps.append(s)
         self.t += s
 
-    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, priority=0):
+    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, priority=0, validated=False):
+        self.validated[request_id] = validated
         if len(prompt_token_ids) + params.max_tokens > self.max_len:
             raise ValueError("too long for the cache")
         self.reqs[request_id] = {
@@ -161,8 +163,8 @@ def test_ctrl_c_inside_a_step_keeps_the_request_it_finished():
     from testbed.request import RequestStatus
 
     class InterruptedEngine(FakeEngine):
-        def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, priority=0):
-            super().add_request(request_id, prompt_token_ids, params, arrival_time, priority)
+        def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, priority=0, validated=False):
+            super().add_request(request_id, prompt_token_ids, params, arrival_time, priority, validated)
             req = SimpleNamespace(
                 request_id=request_id,
                 status=RequestStatus.RUNNING,
