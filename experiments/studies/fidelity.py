@@ -12,14 +12,18 @@ profile's own probe is reported beside each figure (probe, real, probe, real, ..
 (--cost-models, default profile and operators) simulates each cell once (the simulation is
 deterministic). Written to --out: runs.csv (every run), figures.csv (per cell, cost model and metric: real
 mean, 95% interval, simulated value, error, inside the interval, against the issue's targets), knee.csv,
-step_residuals.csv (every busy real step priced by each cost model), residuals_by_kind.csv (pure decode,
-prefill chunk, mixed) and summary.md. The SLO is the composed config's `slo` (override slo.ttft_ms=...).
+step_residuals.csv (every busy real step, its whole shape, priced by each cost model), residuals_by_kind.csv
+(pure decode, prefill chunk, mixed), residuals_by_repeat.csv (the same per real repeat: the runs of a cell
+follow different work in this process, repeat 0 the previous cell's simulations, later ones a real run) and
+summary.md, which also names the profile's calibration and its self-check. The SLO is the composed config's
+`slo` (override slo.ttft_ms=...).
 """
 
 import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -71,6 +75,8 @@ class Study:
         self.runs: list[dict] = []
         self.steps: list[dict] = []
         self.started = time.perf_counter()
+        self.started_utc = environment()["date"]
+        self.calibration = report.calibration_line(meta)
 
     def log(self, msg: str) -> None:
         print(f"[{time.perf_counter() - self.started:.0f} s] {msg}", file=sys.stderr)
@@ -84,6 +90,7 @@ class Study:
         models = {name: cost_model(name, self.profile, engine) for name in self.args.cost_models}
         with StepShapes(engine) as rec:
             summary = run_trace(cfg, self.args.out / "runs" / cell.name / f"real{repeat}", engine)
+        drift = probe / self.reference_probe - 1
         for shape, period, busy in zip(rec.shapes, rec.periods(), rec.busy):
             if not busy:  # after an idle step the driver waited for the next arrival: not a step's cost
                 continue
@@ -93,15 +100,14 @@ class Study:
                     {
                         "cell": cell.name,
                         "repeat": repeat,
+                        "drift": drift,
                         "cost_model": name,
                         "kind": kind,
                         "measured_s": period,
                         "predicted_s": model.step_time(shape),
-                        "num_seqs": shape.num_seqs,
-                        "num_tokens": shape.num_tokens,
+                        **asdict(shape),  # the whole shape: a later fit can be checked on these held-out steps
                     }
                 )
-        drift = probe / self.reference_probe - 1
         self.log(
             f"{cell.name} real #{repeat}: probe {1e3 * probe:.1f} ms (drift {100 * drift:+.1f}%), "
             f"{summary['request_throughput']:.3g} req/s, median TTFT {summary['median_ttft_ms']:.1f} ms"
@@ -164,12 +170,14 @@ class Study:
         knee_table = report.knees(runs, self.args.attainment)
         steps = pd.DataFrame(self.steps)
         residuals = report.residuals_by_kind(steps) if len(steps) else pd.DataFrame()
+        by_repeat = report.residuals_by_repeat(steps) if len(steps) else pd.DataFrame()
         tables = {
             "runs": runs,
             "figures": figs,
             "knee": knee_table,
             "step_residuals": steps,
             "residuals_by_kind": residuals,
+            "residuals_by_repeat": by_repeat,
         }
         for name, table in tables.items():
             with atomic_open(out / f"{name}.csv") as f:
@@ -179,10 +187,13 @@ class Study:
             f"Fidelity study v2: profile `{self.profile.name}`, {self.args.repeats} real repeats per cell, "
             f"SLO {json.dumps(dict(slo) if slo else None)}, knee at attainment >= {self.args.attainment}. "
             "Simulations price batches beyond the calibrated range too (executor.allow_extrapolation=true).\n\n"
+            f"Calibration: {self.calibration}\n\n"
+            f"Study started {self.started_utc}, these tables written {environment()['date']} "
+            f"({len(self.runs)} runs so far).\n\n"
             "Environment: " + json.dumps(environment())
         )
         with atomic_open(out / "summary.md") as f:
-            f.write(report.summary_markdown(figs, knee_table, residuals, header))
+            f.write(report.summary_markdown(figs, knee_table, residuals, header, by_repeat))
 
 
 def parse(argv):

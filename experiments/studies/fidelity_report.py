@@ -148,11 +148,55 @@ def residuals_by_kind(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def residuals_by_repeat(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per cost model, step kind and real repeat: the median residual, its steps and the repeats' mean probe
+    drift. A run's place in the study's order can move the real engine's speed; this shows whether it did."""
+    rows = []
+    for (cost_model, kind, repeat), g in steps.groupby(["cost_model", "kind", "repeat"]):
+        err = (g["predicted_s"] - g["measured_s"]) / g["measured_s"]
+        rows.append(
+            {
+                "cost_model": cost_model,
+                "kind": kind,
+                "repeat": int(repeat),
+                "steps": len(g),
+                "median_rel_error": float(err.median()),
+                "mean_probe_drift": float(g.drop_duplicates("cell")["drift"].mean()) if "drift" in g else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def calibration_line(profile: dict) -> str:
+    """The profile's date, fit and self-check in one line (the report names the calibration it rests on)."""
+    fit, check = profile.get("fit") or {}, profile.get("self_check") or {}
+    probes = ", ".join(f"{1e3 * p:.0f}" for p in check.get("probe_seconds") or [])
+    verdict = "passed" if check.get("passed") else f"FAILED ({'; '.join(check.get('failures') or [])})"
+    forced = ", written with --force" if check.get("forced") else ""
+    date = profile.get("date") or (profile.get("environment") or {}).get("date", "n/a")
+    return (
+        f"profile dated {date}; whole-step fit over {fit.get('samples', 'n/a')} steps, "
+        f"median |error| {_share(fit.get('median_abs_rel_err'))}, "
+        f"p90 {_share(fit.get('p90_abs_rel_err'))}, R^2 {fit.get('r2', math.nan):.3f}; probe start / middle / end "
+        f"{probes or 'n/a'} ms, drift {_share(check.get('drift'))}; self-check {verdict if check else 'n/a'}{forced}"
+    )
+
+
+def _share(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
 def _pct(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
 
 
-def summary_markdown(figs: pd.DataFrame, knee_table: pd.DataFrame, residuals: pd.DataFrame, header: str) -> str:
+def summary_markdown(
+    figs: pd.DataFrame,
+    knee_table: pd.DataFrame,
+    residuals: pd.DataFrame,
+    header: str,
+    by_repeat: pd.DataFrame | None = None,
+) -> str:
     from experiments.environment import markdown_table
 
     lines = [header, ""]
@@ -227,4 +271,21 @@ def summary_markdown(figs: pd.DataFrame, knee_table: pd.DataFrame, residuals: pd
             ),
             "",
         ]
+    if by_repeat is not None and len(by_repeat):
+        lines += ["### Step-time residuals per real repeat: median (steps), mean probe drift of its runs", ""]
+        repeats = sorted(by_repeat["repeat"].unique())
+        body = []
+        for (cost_model, kind), g in by_repeat.groupby(["cost_model", "kind"]):
+            by = g.set_index("repeat")
+            body.append(
+                [cost_model, kind]
+                + [
+                    f"{_pct(by.loc[k, 'median_rel_error'])} ({by.loc[k, 'steps']}), drift "
+                    f"{_pct(by.loc[k, 'mean_probe_drift'])}"
+                    if k in by.index
+                    else "n/a"
+                    for k in repeats
+                ]
+            )
+        lines += [markdown_table(["cost model", "kind", *[f"repeat {k}" for k in repeats]], body), ""]
     return "\n".join(lines) + "\n"

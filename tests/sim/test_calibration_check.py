@@ -84,3 +84,13 @@ def test_thresholds_are_the_commands():
     assert check.passed
     assert not SelfCheck.of(0.12, [1.0, 1.0]).passed  # defaults: 10%
     assert drift([1.0, 0.8, 0.9]) == pytest.approx(0.25)
+
+
+def test_full_plan_still_reaches_the_largest_batch_at_every_context_it_keeps():
+    """Long contexts stop at 16 requests (larger batches there only add 512-token chunks), yet the plan
+    still decodes 64 at once, so a profile's calibrated max_seqs covers the study's max_num_seqs=64."""
+    decode = [re.match(r"decode b=(\d+) ctx=(\d+)", name) for name, _ in calibrate.workloads(2048, quick=False)]
+    batches = {(int(m[1]), int(m[2])) for m in decode if m}
+    assert max(b for b, _ in batches) == 64
+    assert {b for b, c in batches if c == 1000} == {1, 2, 4, 8, 16}
+    assert {b for b, c in batches if c == 48} == {1, 2, 4, 8, 16, 32, 64}

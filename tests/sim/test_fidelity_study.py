@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from experiments.studies import fidelity
-from experiments.studies.fidelity_report import knee
+from experiments.studies.fidelity_report import knee, residuals_by_repeat
 from testbed.sim.cost_models.operators import fit_operators
 from testbed.sim.cost_models.profile import FORMAT, fit
+from testbed.sim.shape import StepShape
 
 from .test_operator_cost import planted
 
@@ -43,6 +44,34 @@ def test_knee_interpolates_between_the_last_met_and_first_missed_load():
     assert knee([1, 2, 3, 4], [1.0, 0.95, 0.85, 0.2]) == (pytest.approx(2.5), False)
     assert knee([1, 2], [1.0, 0.95]) == (2, True)  # every load met: a lower bound
     assert math.isnan(knee([1, 2], [0.5, 0.1])[0])
+
+
+def test_residuals_by_repeat_recover_a_planted_speed_change():
+    """Repeat 0 runs at the priced speed, repeat 1 10% faster (every step 1/1.1 of the price), repeat 2 5%
+    slower: the medians must say +10% and -4.8% for repeats 1 and 2, exactly 0 for repeat 0."""
+    rows = []
+    for repeat, speed in ((0, 1.0), (1, 1.1), (2, 1 / 1.05)):
+        for i in range(9):
+            predicted = 0.03 + 0.002 * i
+            for cost_model in ("profile", "operators"):
+                rows.append(
+                    {
+                        "cell": f"c{i % 3}",
+                        "repeat": repeat,
+                        "drift": 0.01 * repeat,
+                        "cost_model": cost_model,
+                        "kind": "decode",
+                        "measured_s": predicted / speed,
+                        "predicted_s": predicted,
+                    }
+                )
+    table = residuals_by_repeat(pd.DataFrame(rows)).set_index(["cost_model", "repeat"])
+    for cost_model in ("profile", "operators"):
+        assert table.loc[(cost_model, 0), "median_rel_error"] == pytest.approx(0, abs=1e-12)
+        assert table.loc[(cost_model, 1), "median_rel_error"] == pytest.approx(0.1)
+        assert table.loc[(cost_model, 2), "median_rel_error"] == pytest.approx(1 / 1.05 - 1)
+        assert table.loc[(cost_model, 2), "steps"] == 9
+        assert table.loc[(cost_model, 2), "mean_probe_drift"] == pytest.approx(0.02)
 
 
 def test_a_profile_without_operators_is_refused_before_any_run(tmp_path, profile):
@@ -94,7 +123,18 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert {"decode", "mixed"} <= set(by_kind["kind"]) and set(by_kind["cost_model"]) == {"profile", "operators"}
     steps = pd.read_csv(out / "step_residuals.csv")
     assert len(steps) == 2 * by_kind[by_kind["cost_model"] == "profile"]["steps"].sum()
+    # each step's whole shape is kept: the profile prices it again from these columns alone
+    engine = type("Engine", (), {"model_name": "tiny", "kernel": "torch", "dtype": "float32"})
+    model = fidelity.cost_model("profile", profile, engine)
+    one = steps[steps["cost_model"] == "profile"].iloc[-1]
+    shape = StepShape(**{f: one[f].item() for f in StepShape.__dataclass_fields__})
+    assert model.step_time(shape) == pytest.approx(one["predicted_s"])
+    assert steps["drift"].notna().all()
+    by_repeat = pd.read_csv(out / "residuals_by_repeat.csv")
+    assert set(by_repeat["repeat"]) == {0, 1}
+    assert by_repeat.groupby("repeat")["steps"].sum().sum() == by_kind["steps"].sum()
     summary = (out / "summary.md").read_text()
     assert "executor.cost_model=operators (SIMULATED)" in summary and "Capacity knee" in summary
+    assert "per real repeat" in summary and "Calibration: profile dated" in summary
     assert (out / "runs" / "azure_open_50pct" / "real1" / "requests.parquet").exists()
     assert (out / "runs" / "azure_open_50pct" / "sim-operators" / "summary.json").exists()
