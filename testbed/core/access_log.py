@@ -42,6 +42,16 @@ class KVAccessLog:
         self._kinds.append(RELEASE)
         self._hashes.append(block_hash)
 
+    def cache_all(self, block_hashes: list[int]) -> None:
+        """cache(h) for each, in order."""
+        self._kinds += [CACHE] * len(block_hashes)
+        self._hashes += block_hashes
+
+    def release_all(self, block_hashes: list[int | None]) -> None:
+        """release(h) for each, in order."""
+        self._kinds += [RELEASE] * len(block_hashes)
+        self._hashes += block_hashes
+
     @property
     def events(self) -> list[tuple]:
         """Every event in stream order: (kind, request id | None, prompt tokens | None, hashes tuple)."""

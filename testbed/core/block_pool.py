@@ -105,13 +105,27 @@ class BlockPool:
         if n > self.free_queue.num_free:
             raise ValueError(f"asked for {n} blocks, only {self.free_queue.num_free} free")
         out = []
-        popleft = self.free_queue.popleft
-        for _ in range(n):
-            block = popleft()
-            if block.block_hash is not None:  # it still caches a prefix: evict that
-                self._evict(block)
-            block.ref_cnt = 1
-            out.append(block)
+        popleft, hash_to_block, duplicates = self.free_queue.popleft, self.hash_to_block, self.duplicates
+        evicted = 0
+        try:
+            for _ in range(n):
+                block = popleft()
+                h = block.block_hash
+                if h is not None:  # it still caches a prefix: evict it (_evict inlined: in a full cache, every block)
+                    if self.on_evict is not None:
+                        self.on_evict(block)
+                    if h in duplicates or hash_to_block.get(h) is not block:
+                        self._unmap(block)
+                    else:
+                        del hash_to_block[h]
+                    block.block_hash = None
+                    block.hit_count = 0
+                    evicted += 1
+                block.ref_cnt = 1
+                out.append(block)
+        finally:
+            self.num_cached_free -= evicted
+            self.num_evictions += evicted
         return out
 
     def _evict(self, block: KVCacheBlock) -> None:
@@ -160,16 +174,20 @@ class BlockPool:
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop a reference; blocks reaching 0 join the tail of the free queue in the order given
         (callers pass a request's blocks tail-first, so its prefix is evicted last)."""
-        for block in blocks:
-            if block.ref_cnt <= 0:
-                raise AssertionError(f"double free of {block}")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue.append(block)
-                if block.block_hash is not None:
-                    self.num_cached_free += 1
-                if self.access_log is not None:
-                    self.access_log.release(block.block_hash)
+        append = self.free_queue.append
+        released: list[int | None] = []  # their hashes, logged at the end (nothing else logs meanwhile)
+        try:
+            for block in blocks:
+                if block.ref_cnt <= 0:
+                    raise AssertionError(f"double free of {block}")
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0:
+                    append(block)
+                    released.append(block.block_hash)
+        finally:
+            self.num_cached_free += len(released) - released.count(None)
+            if self.access_log is not None and released:
+                self.access_log.release_all(released)
 
     def cache_block(self, block: KVCacheBlock, block_hash: int, depth: int = 0, request_class: object = None) -> None:
         """Register a newly full block under its chained hash (a duplicate stays hittable, see above);
@@ -184,6 +202,26 @@ class BlockPool:
         first = self.hash_to_block.setdefault(block_hash, block)
         if first is not block:
             self.duplicates.setdefault(block_hash, []).append(block)
+
+    def cache_blocks(self, blocks: list[KVCacheBlock], hashes: list[int], start: int, end: int, request_class) -> None:
+        """cache_block(blocks[i], hashes[i], i, request_class) for i in [start, end), in order."""
+        if not self.enable_caching:
+            return
+        hash_to_block, logged = self.hash_to_block, []
+        for i in range(start, end):
+            block = blocks[i]
+            if block.block_hash is not None:
+                continue
+            block_hash = hashes[i]
+            block.block_hash = block_hash
+            block.depth = i
+            block.request_class = request_class
+            logged.append(block_hash)
+            first = hash_to_block.setdefault(block_hash, block)
+            if first is not block:
+                self.duplicates.setdefault(block_hash, []).append(block)
+        if self.access_log is not None and logged:
+            self.access_log.cache_all(logged)
 
     def uncache_block(self, block: KVCacheBlock) -> None:
         """Forget a held block's hash (its content is about to be overwritten, e.g. a rejected draft)."""

@@ -65,8 +65,13 @@ class KVCacheManager(KVAllocator):
     def _update_hashes(self, request: Request, num_tokens: int) -> None:
         """Extend request.block_hashes to cover the full blocks among its first num_tokens tokens."""
         hashes, bs, tokens = request.block_hashes, self.block_size, request.all_token_ids
-        for i in range(len(hashes), min(num_tokens, len(tokens)) // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
+        first, end = len(hashes), min(num_tokens, len(tokens)) // bs
+        if first >= end:
+            return
+        parent = hashes[-1] if hashes else ROOT_HASH
+        for i in range(first, end):  # hash_block, inlined: a prompt's every block
+            parent = hash((parent, *tokens[i * bs : (i + 1) * bs]))
+            hashes.append(parent)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of a request not yet holding blocks: (blocks, num computed tokens).
@@ -237,8 +242,7 @@ class KVCacheManager(KVAllocator):
         self._update_hashes(request, num_full * self.block_size)
         extra = request.sampling_params.extra_args
         label = extra.get("request_class") if extra else None  # workload-aware eviction's request class
-        for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i], i, label)
+        self.pool.cache_blocks(blocks, request.block_hashes, start, num_full, label)
         self.req_num_hashed[rid] = num_full
 
     def free(self, request: Request) -> None:
@@ -291,13 +295,18 @@ class KVCacheManager(KVAllocator):
         checked against the full accounting every step in tests/test_host_fast_paths.py. Then the empty
         slots a request holds are held - computed, and those beyond its final length, max(0, held - final),
         change only when its blocks do. Any free block serves any request: no external fragmentation."""
+        return KVCacheStats(*self.compact_stats(num_computed_tokens))
+
+    def compact_stats(self, num_computed_tokens: int) -> tuple[int, ...]:
+        """stats_from_counters' fields as a tuple, in KVCacheStats' order (testbed.step_stats.kv_compact):
+        what a simulated decode run notes after each step (testbed.sim.decode_runs)."""
         bs = self.block_size
         free = self.pool.num_free_blocks
         used_blocks = self.num_blocks - free
         slack = self.num_held_blocks_total * bs - num_computed_tokens
         internal = self.num_internal_slots
         token_slots = used_blocks * bs - slack
-        return KVCacheStats(
+        return (
             self.num_blocks,
             bs,
             used_blocks,

@@ -26,6 +26,7 @@ import heapq
 from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.policies.base import SchedulingPolicy
 from testbed.request import RequestStatus
+from testbed.sim.clock import VirtualClock
 
 
 def _steady(policy: SchedulingPolicy) -> bool:
@@ -51,6 +52,16 @@ class DecodeRuns:
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self._steady_policy = _steady(scheduler.policy)
         self._paged = isinstance(kv, KVCacheManager)
+        # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
+        # the stats object), unless a subclass reports it differently
+        cls = type(kv)
+        self._compact_stats = (
+            kv.compact_stats
+            if self._paged
+            and cls.running_stats is KVCacheManager.running_stats
+            and cls.stats_from_counters is KVCacheManager.stats_from_counters
+            else None
+        )
 
     def _eligible(self) -> int:
         """How many decode steps may run before some request finishes (0: none eligible now)."""
@@ -83,11 +94,14 @@ class DecodeRuns:
 
     def run(self, horizon: float) -> int:
         """Advance decode steps while each would start before `horizon`; returns how many ran."""
+        sched, kv, ex = self.scheduler, self.kv, self.executor
+        clock, cost_model, token, kv_stats = ex.clock, ex.cost_model, ex.token_id, self.kv_stats
+        if type(clock) is not VirtualClock:  # its time is read and moved here directly
+            return 0
         max_steps = self._eligible()
         if max_steps <= 0:
             return 0
-        sched, kv, ex = self.scheduler, self.kv, self.executor
-        clock, cost_model, token, kv_stats = ex.clock, ex.cost_model, ex.token_id, self.kv_stats
+        compact = self._compact_stats
         running = list(sched.running)
         n = len(running)
         base = [len(r.all_token_ids) for r in running]  # known tokens when the run starts
@@ -103,9 +117,10 @@ class DecodeRuns:
         context = sum(base)  # decode_context of the first step: each request attends to its known tokens
         next_event = 0  # the first step that may allocate (step 0 also takes what the last update left)
         simulated = ex.simulated_seconds
+        now = clock.now
         j = 0
         while j < max_steps:
-            start = clock()
+            start = now
             if start >= horizon:
                 break
             copies = None
@@ -132,12 +147,15 @@ class DecodeRuns:
             dt = prices[j]
             if copies and ex.copy_cost is not None:
                 dt += ex.copy_cost.extra_time(copies, dt)
+            if dt < 0:
+                clock.advance(dt)  # refuses it
             sched.running_computed_tokens += n
-            clock.advance(dt)
+            now += dt
+            clock.now = now
             simulated += dt
             starts.append(start)
-            ends.append(clock())
-            kv_after.append(kv_stats())
+            ends.append(now)
+            kv_after.append(compact(sched.running_computed_tokens) if compact is not None else kv_stats())
             j += 1
         if j == 0:
             return 0
