@@ -304,7 +304,7 @@ class Engine:
             len(sched.requests),
             sched.num_prefill_tokens,
             sched.num_decode_tokens,
-            list(map(_request_id, sched.requests)),
+            sched.request_ids,
             sched.num_new_tokens,
             prefill_ids,
             list(map(_request_id, sched.preempted)) if sched.preempted else [],

@@ -26,6 +26,16 @@ class SchedulerOutput:
     # request id -> (first changed position, block ids from there on): apply to the persistent block tables
     block_updates: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
     kv_copies: list[KVCopy] = field(default_factory=list)  # block copies (swap, copy on write), run in order first
+    # the requests' ids, aligned with requests: see request_ids
+    ids: list[str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def request_ids(self) -> list[str]:
+        """The scheduled requests' ids in batch order, built once. The scheduler hands on the last step's
+        list while the batch stays the same, so it may be shared between steps: read it, never change it."""
+        if self.ids is None:
+            self.ids = [r.request_id for r in self.requests]
+        return self.ids
 
     @property
     def total_tokens(self) -> int:

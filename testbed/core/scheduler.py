@@ -69,6 +69,10 @@ class Scheduler:
         # the policy's per-request chunking rule, or None when it is the default (take what is left)
         overridden = type(policy).token_budget is not SchedulingPolicy.token_budget
         self._token_budget = policy.token_budget if overridden else None
+        # the last batch scheduled (a copy) and its ids: steady decoding schedules the same batch every step,
+        # and its SchedulerOutput gets the same id list (SchedulerOutput.request_ids)
+        self._last_batch: list[Request] = []
+        self._last_ids: list[str] = []
 
     # ---- queue upkeep -------------------------------------------------------------------------
     def _insert(self, queue: list[Request], request: Request, now: float) -> None:
@@ -135,6 +139,10 @@ class Scheduler:
             out.finished_ids, self._finished_ids = self._finished_ids, []
             out.block_updates = self.kv.take_block_updates()
             out.kv_copies = self.kv.take_copies()
+            if out.requests == self._last_batch:  # identity comparisons (a Request has no __eq__)
+                out.ids = self._last_ids
+            else:
+                self._last_batch, self._last_ids = list(out.requests), out.request_ids
         return out
 
     def _preempt_for_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:

@@ -60,6 +60,8 @@ class InputBuffers:
         self._events: list[torch.cuda.Event | None] = [None] * num_sets
         self._set = 0
         self._views: dict[tuple, dict] = {}  # sizes -> the slices handed out (see _cached)
+        # per set: (rows, width, version) of the block-table rows it holds, or None (testbed.executor.inputs)
+        self.staged_tables: list[tuple | None] = [None] * num_sets
         if self.static:
             self.dev = {
                 name: torch.zeros(sizes[kind], dtype=_TORCH[dtype], device=self.device)

@@ -107,22 +107,22 @@ def stage_inputs(
     """
     requests, num_new = out.requests, out.num_new_tokens
     n = len(requests)
-    request_ids = [r.request_id for r in requests]
     token_ids, placeholders, drafted = _token_ids(out)
     total = len(token_ids)
     one_each = total == n and not drafted  # decode: token i is request i's, no repeats needed
 
     start = np.array(out.num_computed_tokens, dtype=np.int64)
-    new = np.array(num_new, dtype=np.int64)
-    end = start + new
     if one_each:
+        end = start + 1
         query_start = np.arange(n + 1, dtype=np.int64)
         positions = start
     else:
+        new = np.array(num_new, dtype=np.int64)
+        end = start + new
         query_start = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(new, out=query_start[1:])
         positions = np.repeat(start - query_start[:-1], new) + np.arange(total, dtype=np.int64)
-    rows = tables.rows(request_ids)
+    rows = tables.rows(out.request_ids)
     table = tables.table
     block_size = buffers.block_size
     max_seq_len = int(end.max(initial=0))
@@ -152,7 +152,7 @@ def stage_inputs(
     h["query_start_loc"][: n + 1] = query_start
     h["seq_lens"][:n] = end
     h["logits_indices"][:num_k] = logits_indices
-    h["block_tables"][:n] = table[rows, :width]
+    _stage_tables(h["block_tables"][:n], tables, rows, width, buffers, index)
     if padded > n:
         h["input_ids"][n:] = 0
         h["positions"][n:] = 0
@@ -171,6 +171,22 @@ def stage_inputs(
         max(num_new, default=0),
         max_seq_len,
     )
+
+
+def _stage_tables(
+    dst: np.ndarray, tables: BlockTables, rows: np.ndarray, width: int, buffers: InputBuffers, index: int
+) -> None:
+    """The scheduled rows of the block tables into set `index`. The set still holds what it was given two
+    steps ago; while the batch (the same row index array) and the width are the same, only the rows
+    written since are copied (vLLM v1's persistent batch: unchanged rows are not rewritten)."""
+    held = buffers.staged_tables[index]
+    if held is not None and held[0] is rows and held[1] == width:
+        changed = tables.changed_since(rows, held[2])
+        if len(changed):
+            dst[changed] = tables.table[rows[changed], :width]
+    else:
+        dst[:] = tables.table[rows, :width]
+    buffers.staged_tables[index] = (rows, width, tables.version)
 
 
 def prepare_inputs(

@@ -58,6 +58,17 @@ class StepCheck:
                 if kv.enable_prefix_caching:
                     assert limit < (kv.req_num_hashed.get(rid, 0) + 1) * bs
         self.check_tables()
+        self.check_staged_tables(stats)
+
+    def check_staged_tables(self, stats):
+        """The block tables the step ran with (staged incrementally: rows unchanged since a buffer set last
+        held them are not rewritten) == a full gather of the executor's rows for the step's batch."""
+        executor = self.engine.executor
+        tables, inputs = executor.tables, executor.last_inputs
+        staged = inputs.meta.block_tables.numpy()
+        rows = [tables.row_of[rid] for rid in stats.scheduled_ids]
+        assert staged.shape[0] == len(rows)
+        assert (staged == tables.table[rows, : staged.shape[1]]).all()
 
     def check_tables(self):
         """The executor's persistent rows, with the changes the next SchedulerOutput will carry applied,
