@@ -88,7 +88,7 @@ def build(overrides: list[str]):
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=["progress=false", *overrides])
     engine = build_engine(cfg, record_clock=False)
-    if engine.config.executor != "real":
+    if engine.config.executor.name != "real":
         raise SystemExit("calibration measures the real engine: drop executor=...")
     return engine
 
@@ -153,8 +153,8 @@ def describe(engine, overrides, shapes, seconds, names, result, check, forced, o
         "model": engine.model_name,
         "kernel": engine.kernel,
         "dtype": dtype,
-        "block_size": engine.config.block_size,
-        "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+        "block_size": engine.config.cache.block_size,
+        "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
         "environment": env,
         "overrides": overrides,
         "calibrated_range": {

@@ -1,88 +1,113 @@
 """Map a composed Hydra config onto the engine's EngineConfig (the one place that knows both shapes).
 
 Each engine group is consumed whole: a key that no engine setting reads is refused naming it (a new key
-must be mapped here, or it would be silently dropped), values are type-checked against EngineConfig's
-fields, and a refused value is reported under its config key (`cache.block_size: ...`). Spec sheets travel
-as values: the model group's hf_config, the device group's sheet (executor=sim), never a name to look up.
+must be mapped here, or it would be silently dropped), each config group object (testbed.config) is built
+from its keys and checks them, and a refused value is reported under its config key (`cache.block_size:
+...`). Spec sheets travel as values: the model group's hf_config, the device group's sheet (executor=sim),
+never a name to look up.
 """
 
+import dataclasses
 import re
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from testbed.config import EngineConfig
+from testbed.config import (
+    CacheConfig,
+    EngineConfig,
+    ExecutorConfig,
+    HostTierConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    StructuredOutputsConfig,
+)
 from testbed.executor_kinds import executor_kind
 
-# group key -> EngineConfig field, per group the engine reads
-GROUP_FIELDS = {
-    "model": {"name": "model", "hf_config": "hf_config"},
-    "kernel": {"name": "kernel"},
+HOST_TIER = "host_tier_"  # cache.host_tier_<field>: the cache's HostTierConfig
+
+
+def _keys(group: type, *, only: tuple = (), skip: tuple = ()) -> dict[str, str]:
+    """A config group's keys that are fields of the library's group dataclass: key -> its field."""
+    names = [f.name for f in dataclasses.fields(group) if f.name not in skip]
+    return {name: name for name in names if not only or name in only}
+
+
+# config group -> {key: "engine field.group field", or None: read by no engine setting (a note says by what)}
+GROUP_FIELDS: dict[str, dict[str, str | None]] = {
+    "model": {"name": "model.name", "hf_config": "model.hf_config"},
+    "kernel": {"name": "executor.kernel"},
     "scheduler": {
-        "name": "scheduler",
-        "options": "scheduler_options",
-        "max_num_batched_tokens": "max_num_batched_tokens",
-        "max_num_seqs": "max_num_seqs",
-        "enable_chunked_prefill": "enable_chunked_prefill",
+        **{k: f"scheduler.{f}" for k, f in _keys(SchedulerConfig, skip=("async_scheduling",)).items()},
         "preemption_mode": None,  # the policy's default for cache.preemption_mode (conf/cache/*.yaml read it)
     },
     "cache": {
-        "name": "cache",
-        "block_size": "block_size",
-        "num_blocks": "num_blocks",
-        "memory_gb": "kv_cache_memory_gb",
-        "dtype": "kv_cache_dtype",
-        "gpu_memory_utilization": "gpu_memory_utilization",
-        "prefix_caching": "enable_prefix_caching",
-        "eviction": "eviction",
-        "preemption_mode": "preemption_mode",
-        "swap_space_gb": "swap_space_gb",
-        "num_cpu_blocks": "num_cpu_blocks",
-        "host_tier_gb": None,  # these four make EngineConfig.host_tier (_host_tier)
-        "host_tier_blocks": None,
-        "host_tier_write": None,
-        "host_tier_link": None,
+        **{k: f"cache.{f}" for k, f in _keys(CacheConfig, skip=("host_tier",)).items()},
+        **{HOST_TIER + f.name: f"cache.host_tier.{f.name}" for f in dataclasses.fields(HostTierConfig)},
     },
-    "device": {"torch_device": "device"},  # the rest is the spec sheet: the simulator's (sim_config.device)
+    "device": {"torch_device": "executor.device"},  # the rest is the spec sheet: the simulator's (executor.sim)
     "parallel": {
-        "tensor_parallel_size": "tensor_parallel_size",
-        "timeout_s": "distributed_timeout_s",
+        **{k: f"parallel.{f}" for k, f in _keys(ParallelConfig).items()},
         "link": None,  # executor=sim prices TP's collectives over it (conf/executor/sim.yaml: tp_link)
     },
 }
-TOP_FIELDS = {"seed": "seed", "dtype": "dtype", "max_model_len": "max_model_len"}
+TOP_FIELDS = {"seed": "seed", "dtype": "model.dtype", "max_model_len": "model.max_model_len"}
+GROUPS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "executor": ExecutorConfig,
+          "parallel": ParallelConfig}  # fmt: skip
 
 
 def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
-    values, keys = {}, {}  # EngineConfig field -> value, and -> the config key it came from
+    values: dict[str, dict] = {group: {} for group in GROUPS}  # engine field -> its group's fields -> value
+    keys: dict[str, dict] = {group: {} for group in GROUPS}  # ... -> the config key each came from
+    seed = _plain(cfg.seed)
+
+    def put(path: str, value, key: str) -> None:
+        group, _, field = path.partition(".")
+        if "." in field:  # a group inside the group (cache.host_tier.gb: its errors name their keys)
+            inner, _, field = field.partition(".")
+            values[group].setdefault(inner, {})[field] = value
+        else:
+            values[group][field], keys[group][field] = value, key
+
     for group, mapping in GROUP_FIELDS.items():
         node = _plain(cfg[group])
         unknown = sorted(set(node) - set(mapping) - ({"name", *_sheet_keys(node)} if group == "device" else set()))
         if unknown:
             raise ValueError(f"{group}.{unknown[0]}: not a setting the engine reads ({group} keys: {sorted(mapping)})")
-        for key, field in mapping.items():
-            if field is not None and key in node:
-                values[field], keys[field] = node[key], f"{group}.{key}"
-    for key, field in TOP_FIELDS.items():
-        values[field], keys[field] = _plain(cfg[key]), key
+        for key, path in mapping.items():
+            if path is not None and key in node:
+                put(path, node[key], f"{group}.{key}")
+    for key, path in TOP_FIELDS.items():
+        if path != "seed":
+            put(path, _plain(cfg[key]), key)
     executor = _plain(cfg.executor)
-    values["executor"], keys["executor"] = executor["name"], "executor.name"
+    put("executor.name", executor["name"], "executor.name")
     try:
         kind = executor_kind(executor["name"])
     except ValueError as e:
         raise ValueError(f"executor.name: {e}") from e
-    for field, (value, key) in kind.engine_fields(executor, _plain(cfg.device)).items():
-        values[field], keys[field] = value, key
-    values["speculative_config"], keys["speculative_config"] = _spec_config(cfg), "spec"
-    values["host_tier"], keys["host_tier"] = _host_tier(_plain(cfg.cache)), "cache.host_tier_gb"
-    if cfg.get("structured_outputs") is not None:  # grammar limits: testbed.structured.limits
-        values["structured_outputs_config"] = _plain(cfg.structured_outputs)
-        keys["structured_outputs_config"] = "structured_outputs"
-    if "sim_config" in values:  # its own fields, and the device sheet's, name themselves in its errors
-        keys.update({k: f"executor.{k}" for k in values["sim_config"] if k != "device"})
-        keys.update({k: f"device.{k}" for k in _sheet_keys(values["sim_config"]["device"]) if k != "name"})
+    for field, (value, key) in kind.executor_fields(executor, _plain(cfg.device)).items():
+        put(f"executor.{field}", value, key)
+    sim = values["executor"].get("sim")
+    if sim is not None:  # its own fields, and the device sheet's, name themselves in its errors
+        keys["executor"].update({k: f"executor.{k}" for k in sim if k != "device"})
+        keys["executor"].update({k: f"device.{k}" for k in _sheet_keys(sim["device"]) if k != "name"})
+    groups = {name: _built(cls, values[name], keys[name]) for name, cls in GROUPS.items()}
+    spec = _spec_config(cfg)
+    speculative = _built(SpeculativeConfig.from_any, spec or {}, {k: f"spec.{k}" for k in spec or {}})
+    structured = StructuredOutputsConfig.from_any(_plain(cfg.get("structured_outputs")))
     try:
-        return EngineConfig(**values)
+        return EngineConfig(**groups, speculative=speculative, structured_outputs=structured, seed=seed)
+    except (TypeError, ValueError) as e:
+        raise type(e)(_named(str(e), {"seed": "seed"})) from e
+
+
+def _built(make, values: dict, keys: dict) -> Any:
+    """make(**values) (or make(values) for a from_any), its error led by the config key it is about."""
+    try:
+        return make(values) if not isinstance(make, type) else make(**values)
     except (TypeError, ValueError) as e:
         raise type(e)(_named(str(e), keys)) from e
 
@@ -97,11 +122,9 @@ def _named(message: str, keys: dict) -> str:
 
 
 def _sheet_keys(device: dict) -> set:
-    from dataclasses import fields
-
     from testbed.sim.devices import DeviceSpec
 
-    return {f.name for f in fields(DeviceSpec)} & set(device)
+    return {f.name for f in dataclasses.fields(DeviceSpec)} & set(device)
 
 
 def _spec_config(cfg: DictConfig) -> dict | None:
@@ -113,16 +136,3 @@ def _spec_config(cfg: DictConfig) -> dict | None:
 
 def _plain(node) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-
-def _host_tier(cache: dict) -> dict | None:
-    """EngineConfig.host_tier from cache.host_tier_* (off while neither size is given; caches without the keys:
-    None)."""
-    if not any(k.startswith("host_tier_") for k in cache):
-        return None
-    return {
-        "gb": cache.get("host_tier_gb"),
-        "blocks": cache.get("host_tier_blocks"),
-        "write": cache.get("host_tier_write", "back"),
-        "link": cache.get("host_tier_link", "pcie-gen5"),
-    }

@@ -96,7 +96,7 @@ def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
     ops, layer, dtype = model.ops, model.model.layers[0], engine.dtype
     attn, mlp = layer.self_attn, layer.mlp
     timer = _Timer(device, repeats)
-    g = grids(cfg.max_num_batched_tokens, cfg.max_num_seqs, engine.max_model_len, quick)
+    g = grids(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs, engine.max_model_len, quick)
     randn = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)
     out: dict = {"layers": arch.num_hidden_layers, "linear": [], "norm_act": [], "logits": []}
 
@@ -121,9 +121,9 @@ def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
         out["norm_act"].append((n, timer(norm_act, x, randn(n, arch.hidden_size), positions, *qk, gate_up)))
     for m in g["logits"]:
         out["logits"].append((m, timer(logits, randn(m, arch.hidden_size))))
-    block_size = cfg.block_size
+    block_size = cfg.cache.block_size
     num_blocks = max(1, POOL_TOKENS // block_size)
-    k_cache, v_cache = allocate_kv_cache(arch, num_blocks, block_size, 1, kv_cache_dtype(cfg, dtype), device)[0]
+    k_cache, v_cache = allocate_kv_cache(arch, num_blocks, block_size, 1, kv_cache_dtype(cfg.cache, dtype), device)[0]
 
     def attention(query_lens, seq_lens):
         meta = _meta(query_lens, seq_lens, block_size, num_blocks, device)

@@ -10,12 +10,12 @@ def print_summary(summary: dict, engine, run_dir: Path, console: Console | None 
     from testbed.executor_kinds import executor_kind
 
     cfg = engine.config
-    if executor_kind(cfg.executor).simulated:  # a simulated figure says so, and what priced it
+    if executor_kind(cfg.executor.name).simulated:  # a simulated figure says so, and what priced it
         ran_on = f"SIMULATED: {summary.get('sim_cost_model')} {summary.get('sim_device') or ''}".rstrip()
     else:
         ran_on = f"kernel={engine.kernel} | device={engine.device}"
     title = (
-        f"{engine.model_name} | {ran_on} | scheduler={cfg.scheduler} | block_size={cfg.block_size}"
+        f"{engine.model_name} | {ran_on} | scheduler={cfg.scheduler.name} | block_size={cfg.cache.block_size}"
         f" | replay={summary.get('replay')}"
     )
     table = Table(title=title)

@@ -115,7 +115,7 @@ def build_engine(cfg, record_clock: bool = True):
     from testbed.sim.clock import RecordingClock
 
     config = engine_config_from_cfg(cfg)
-    clock = RecordingClock() if record_clock and executor_kind(config.executor).records_clock else None
+    clock = RecordingClock() if record_clock and executor_kind(config.executor.name).records_clock else None
     return Engine(config, clock=clock)
 
 
@@ -268,7 +268,7 @@ def executor_summary(engine) -> dict:
     """What ran the steps: `executor` real | host | sim and the kernel, and the keys its kind adds (a
     simulation: its cost model's identity and the simulated seconds, as sim_* keys)."""
     kind = engine.executor_kind
-    return {"executor": engine.config.executor, "kernel": engine.kernel, **kind.summary(engine.executor)}
+    return {"executor": engine.config.executor.name, "kernel": engine.kernel, **kind.summary(engine.executor)}
 
 
 def spec_summary(engine) -> dict:

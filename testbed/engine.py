@@ -10,7 +10,7 @@ from testbed.core.host_tier import attach_host_tier
 from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.sched_output import SchedulerOutput
-from testbed.core.scheduler import Scheduler, SchedulerConfig
+from testbed.core.scheduler import Scheduler, SchedulerLimits
 from testbed.core.step_updates import StepUpdates
 from testbed.core.swap import SwapManager
 from testbed.executor.base import ExecutorOutput
@@ -39,17 +39,19 @@ class Engine:
     def __init__(self, config: EngineConfig, clock=None):
         """clock: the engine's time source (default time.monotonic; a simulation brings its own)."""
         self.config = config
-        kind = self.executor_kind = executor_kind(config.executor)(config, clock)  # the engine's clock, device
+        cache, sched = config.cache, config.scheduler
+        kind = self.executor_kind = executor_kind(config.executor.name)(config, clock)  # the engine's clock, device
         self.clock, self.device, self.dtype = kind.clock, kind.device, kind.dtype
-        self.kv_dtype = kv_cache_dtype(config, self.dtype)
+        self.kv_dtype = kv_cache_dtype(cache, self.dtype)
         self.kernel, self.backend = kind.kernel, kind.backend  # the kernels that run (named in every summary)
         if self.kv_dtype != self.dtype and self.kernel == "triton":  # kernel=auto resolved to triton
             raise ValueError("kv_cache_dtype other than auto runs with kernel=torch or kernel=cpu, not triton")
-        bs = config.block_size
+        bs = cache.block_size
         if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
-        spec = load_model_spec(config.model, config.max_model_len, config.tokenizer, config.hf_config)
-        check_tensor_parallel(config.tensor_parallel_size, spec.arch, spec.name)  # before any block is made
+        model = config.model
+        spec = load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
+        check_tensor_parallel(config.parallel.tensor_parallel_size, spec.arch, spec.name)  # before any block is made
         self.arch, self.tokenizer, self.model_name, self.max_model_len = (
             spec.arch,
             spec.tokenizer,
@@ -59,26 +61,24 @@ class Engine:
         self.eos_token_ids = spec.eos_token_ids
         num_blocks = kind.num_blocks(self.arch, self.kv_dtype)
         self.kv = get_allocator(
-            config.cache,
+            cache.name,
             num_blocks,
             bs,
-            enable_prefix_caching=config.enable_prefix_caching,
-            eviction=config.eviction,
+            enable_prefix_caching=cache.prefix_caching,
+            eviction=cache.eviction,
             max_model_len=self.max_model_len,
         )
         swap = num_cpu_blocks = None
-        if config.preemption_mode == "swap":
-            num_cpu_blocks = config.num_cpu_blocks or num_host_blocks(
-                self.arch, self.kv_dtype, bs, config.swap_space_gb
-            )
+        if cache.preemption_mode == "swap":
+            num_cpu_blocks = cache.num_cpu_blocks or num_host_blocks(self.arch, self.kv_dtype, bs, cache.swap_space_gb)
             swap = SwapManager(self.kv, num_cpu_blocks)
         block_bytes = kv_bytes_per_block(self.arch, self.kv_dtype, bs)
-        num_cpu_blocks = attach_host_tier(config, self.kv, num_cpu_blocks, block_bytes)
-        scheduler_config = SchedulerConfig(
-            config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill, self.max_model_len
+        num_cpu_blocks = attach_host_tier(cache, self.kv, num_cpu_blocks, block_bytes)
+        limits = SchedulerLimits(
+            sched.max_num_batched_tokens, sched.max_num_seqs, sched.enable_chunked_prefill, self.max_model_len
         )
-        policy = get_policy(config.scheduler, kv=self.kv, **config.scheduler_options)
-        self.scheduler = Scheduler(scheduler_config, self.kv, policy, self.clock, swap)
+        policy = get_policy(sched.name, kv=self.kv, **sched.options)
+        self.scheduler = Scheduler(limits, self.kv, policy, self.clock, swap)
         # validate() asks the sampler about vocabulary-dependent parameters, so the engine owns it
         self.sampler = Sampler(
             config.seed,
@@ -86,7 +86,7 @@ class Engine:
             self.tokenizer,
             self.arch.vocab_size,
             self.eos_token_ids,
-            config.structured_outputs_config,
+            config.structured_outputs,
             self.max_model_len,
         )
         self.executor, self.model, self.spec = kind.build(spec, self.sampler, num_blocks, num_cpu_blocks, block_bytes)
@@ -155,7 +155,7 @@ class Engine:
         """As the executor kind has it by default (the real engine: on CUDA); never where it refuses (a
         simulation: its clock is the cost model's) or with speculative decoding (the next step's drafts
         need this step's tokens)."""
-        wanted, speculating = config.async_scheduling, self.spec is not None
+        wanted, speculating = config.scheduler.async_scheduling, self.spec is not None
         if wanted is None:
             return self.executor_kind.async_by_default(speculating)
         what = self.executor_kind.async_refused or ("speculative decoding" if speculating else None)

@@ -32,10 +32,11 @@ class InputProcessor:
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops; the culprit only on failure
             bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
             raise ValueError(f"request {request_id}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
-        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+        scheduler = self.config.scheduler
+        if not scheduler.enable_chunked_prefill and n > scheduler.max_num_batched_tokens:
             raise ValueError(
                 f"request {request_id}: prompt of {n} tokens exceeds max_num_batched_tokens="
-                f"{self.config.max_num_batched_tokens} and chunked prefill is off"
+                f"{scheduler.max_num_batched_tokens} and chunked prefill is off"
             )
         final_len = min(n + (params.max_tokens or self.max_model_len), self.max_model_len)
         self.sampler.check(params, request_id)
@@ -68,7 +69,7 @@ class InputProcessor:
                 f"request {request_id}: sequence {k - 1} would use seed {params.seed} + "
                 f"{k - 1}, beyond the largest seed {SEED_RANGE[1]}",
             )
-        max_seqs = self.config.max_num_seqs
+        max_seqs = self.config.scheduler.max_num_seqs
         if k > max_seqs:
             raise SamplingParamError(
                 param, f"request {request_id}: {what} sequences cannot run together with max_num_seqs={max_seqs}"

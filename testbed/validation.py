@@ -1,11 +1,11 @@
-"""Checks on the engine's configuration, as pure functions: a wrong type is a TypeError, a value that cannot
-work a ValueError, each naming what was wrong, before any work starts (a KV cache larger than the machine
-would otherwise hang the constructor building billions of blocks). A request's checks are
+"""Checks on the engine's configuration that need the machine (memory available now), as pure functions: a
+value that cannot work is a ValueError naming what was wrong, before any work starts (a KV cache larger
+than the machine would otherwise hang the constructor building billions of blocks). Each config group
+checks its own fields (testbed.config). A request's checks are
 testbed.input_processor's; this module imports nothing of the engine's, so any module may use it."""
 
 from __future__ import annotations
 
-import math
 import numbers
 from pathlib import Path
 
@@ -47,20 +47,10 @@ def _uses_cpu(device: str | None) -> bool:
     return not torch.cuda.is_available()
 
 
-def check_engine_config(config) -> None:
-    """EngineConfig fields whose bad values would hang or be misread later."""
-    mml = config.max_model_len
-    if mml is not None and (not is_int(mml) or mml < 1):
-        raise ValueError(f"max_model_len must be null (the model's own) or an integer >= 1, got {mml!r}")
-    gb = config.kv_cache_memory_gb
-    if not is_real(gb) or not 0 < gb < math.inf:
-        raise ValueError(f"kv_cache_memory_gb must be a finite number > 0, got {gb!r}")
-
-
 def check_host_memory(config) -> None:
     """A KV cache of kv_cache_memory_gb allocated in host memory (the real engine on CPU) fits what is free."""
-    gb = config.kv_cache_memory_gb
-    if config.num_blocks is None and _uses_cpu(config.device):
+    gb = config.cache.memory_gb
+    if config.cache.num_blocks is None and _uses_cpu(config.executor.device):
         available = available_host_bytes()
         if available is not None and gb * GIB > available:
             raise ValueError(
@@ -75,7 +65,7 @@ def check_kv_cache_fits(config, num_blocks: int, bytes_per_block: int, device) -
     need = num_blocks * bytes_per_block
     available: int | None
     if str(device).startswith("cuda"):
-        if config.num_blocks is None:
+        if config.cache.num_blocks is None:
             return
         import torch
 

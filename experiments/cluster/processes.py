@@ -128,14 +128,13 @@ class ProcessCluster:
 
         from testbed.models.build import load_model_spec
 
-        self.model = load_model_spec(
-            engine_config.model, engine_config.max_model_len, engine_config.tokenizer, engine_config.hf_config
-        )
+        model = engine_config.model
+        self.model = load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
         # what the console summary reads from an engine
         self.description = SimpleNamespace(
-            config=engine_config, model_name=self.model.name, device=engine_config.device or "auto"
+            config=engine_config, model_name=self.model.name, device=engine_config.executor.device or "auto"
         )
-        self.block_size = engine_config.block_size
+        self.block_size = engine_config.cache.block_size
         n = cluster.num_replicas
         self.threads = cluster.threads_per_replica or max(1, (os.cpu_count() or 1) // n)
         ctx = mp.get_context("spawn")

@@ -51,13 +51,13 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
     from testbed.executor_kinds import executor_kind
 
     config = engine_config_from_cfg(cfg)
-    if executor_kind(config.executor).simulated:
+    if executor_kind(config.executor.name).simulated:
         from testbed.cluster.build import build_simulated_cluster
 
         cluster = build_simulated_cluster(config, cluster_cfg)
         engines = [r.engine for r in cluster.replicas]
         return cluster, engines, engines[0]
-    if config.executor == "real":
+    if config.executor.name == "real":
         if cluster_cfg.disaggregated:
             raise ValueError(
                 "P/D disaggregation runs on the simulator (executor=sim); real replicas share no KV transport"
@@ -66,7 +66,9 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
 
         cluster = ProcessCluster(config, cluster_cfg)
         return cluster, None, cluster.model
-    raise ValueError(f"a cluster runs executor=sim (simulated) or executor=real (processes), not {config.executor!r}")
+    raise ValueError(
+        f"a cluster runs executor=sim (simulated) or executor=real (processes), not {config.executor.name!r}"
+    )
 
 
 def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:

@@ -12,14 +12,14 @@ from testbed.executor_kinds import executor_kind
 def replica_config(config: EngineConfig, index: int) -> EngineConfig:
     """Replica `index`'s engine config: the same engine, its own seeds (sampling, simulated draws), so
     replicas draw independently; replica 0 is exactly the single-engine config."""
-    return executor_kind(config.executor).replica_config(config, index)
+    return executor_kind(config.executor.name).replica_config(config, index)
 
 
 def build_simulated_cluster(config: EngineConfig, cluster: ClusterConfig) -> SimulatedCluster:
     from testbed import Engine
     from testbed.sim.clock import VirtualClock
 
-    executor_kind(config.executor).check_cluster(config)
+    executor_kind(config.executor.name).check_cluster(config)
     engines = [Engine(replica_config(config, i), clock=VirtualClock()) for i in range(cluster.num_replicas)]
     router = get_router(cluster.router, seed=config.seed, **cluster.router_options)
     if cluster.disaggregated:

@@ -65,7 +65,7 @@ class SimulatedCluster:
                 raise ValueError("a simulated cluster needs engines with executor=sim on a VirtualClock")
         self.replicas = [SimReplica(i, e, (roles or ["mixed"] * len(engines))[i]) for i, e in enumerate(engines)]
         self.router = router
-        self.block_size = engines[0].config.block_size
+        self.block_size = engines[0].config.cache.block_size
         self.now = 0.0
         self._heap: list[tuple] = []
         self._seq = 0

@@ -161,12 +161,12 @@ class HostKVTier:
 
 
 def attach_host_tier(config, kv, num_cpu_blocks: int | None, bytes_per_block: int) -> int | None:
-    """Give the engine's allocator a host tier if config.host_tier asks for one; returns the host pool's
-    size for the executor (swap's blocks first, then the tier's)."""
-    tier = HostTierConfig.from_any(config.host_tier)
+    """Give the engine's allocator a host tier if config.host_tier asks for one (config: a CacheConfig);
+    returns the host pool's size for the executor (swap's blocks first, then the tier's)."""
+    tier = config.host_tier
     if not tier.enabled:
         return num_cpu_blocks
-    if not kv.supports_host_tier or not config.enable_prefix_caching:
+    if not kv.supports_host_tier or not config.prefix_caching:
         raise ValueError("cache.host_tier_gb needs the paged cache with prefix caching on (cache=paged)")
     n = tier.num_blocks(bytes_per_block)
     first = num_cpu_blocks or 0

@@ -28,24 +28,20 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerLimits:
+    """What bounds a step: the engine's scheduler group (testbed.config.SchedulerConfig, which checks them)
+    and the model's resolved context."""
+
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
     max_model_len: int = 8192
 
-    def __post_init__(self):
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ValueError(
-                f"max_num_batched_tokens and max_num_seqs must be >= 1, got "
-                f"{self.max_num_batched_tokens} and {self.max_num_seqs}"
-            )
-
 
 class Scheduler:
     def __init__(
         self,
-        config: SchedulerConfig,
+        config: SchedulerLimits,
         kv: KVAllocator,
         policy: SchedulingPolicy,
         clock,

@@ -15,7 +15,7 @@ from testbed.executor.sampler import Sampler
 from testbed.models.build import ModelSpec, build_model
 from testbed.parallel.config import shard_arch
 from testbed.parallel.start import start_tensor_parallel
-from testbed.spec import SpeculativeConfig, build_speculator, proposer_class
+from testbed.spec import build_speculator, proposer_class
 from testbed.spec.draft import DraftModelProposer, num_scratch_blocks
 
 # block-table columns beyond max_model_len's blocks: speculative lookahead
@@ -39,8 +39,9 @@ def build_executor(
 ) -> ExecutorParts:
     """The model runner (tensor parallel: rank 0's, the workers started) with its model and speculator.
     num_cpu_blocks: the host pool for swap preemption (None: recompute preemption, no pool)."""
-    width = table_width(spec, config.block_size)
-    tables = BlockTables(width, config.max_num_seqs)
+    block_size, max_num_seqs = config.cache.block_size, config.scheduler.max_num_seqs
+    width = table_width(spec, block_size)
+    tables = BlockTables(width, max_num_seqs)
     if device.type == "cpu":
         keep_freed_memory()
     tp = start_tensor_parallel(config, spec, backend.name, num_blocks, num_cpu_blocks, device, dtype)
@@ -48,14 +49,14 @@ def build_executor(
         model = build_model(spec, backend, dtype, device, config.seed)
     else:  # rank 0's shard, loaded alone; the workers load theirs meanwhile
         model = tp.build_model(spec, backend, dtype, device, config.seed)
-    spec_config = SpeculativeConfig.from_any(config.speculative_config)
+    spec_config = config.speculative
     scratch = 0
     if spec_config.enabled and proposer_class(spec_config.method).writes_target_kv:
-        scratch = num_scratch_blocks(spec_config.num_speculative_tokens, config.block_size, config.max_num_seqs)
-    kv_dtype = kv_cache_dtype(config, dtype)
-    kv_arch = shard_arch(spec.arch, config.tensor_parallel_size)  # this rank's KV heads
+        scratch = num_scratch_blocks(spec_config.num_speculative_tokens, block_size, max_num_seqs)
+    kv_dtype = kv_cache_dtype(config.cache, dtype)
+    kv_arch = shard_arch(spec.arch, config.parallel.tensor_parallel_size)  # this rank's KV heads
     kv_caches = allocate_kv_cache(
-        kv_arch, num_blocks + scratch, config.block_size, spec.arch.num_hidden_layers, kv_dtype, device
+        kv_arch, num_blocks + scratch, block_size, spec.arch.num_hidden_layers, kv_dtype, device
     )
     speculator = build_speculator(
         spec_config,
@@ -67,20 +68,21 @@ def build_executor(
         dtype=dtype,
         device=device,
         num_blocks=num_blocks,
-        block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
         max_model_len=spec.max_model_len,
         seed=config.seed,
     )
     copier = KVBlockCopier(_copy_pairs(spec, config, kv_caches, speculator, num_cpu_blocks, kv_dtype, dtype))
 
-    eager = config.enforce_eager or tp is not None  # TP runs eagerly (no collectives in captured graphs)
-    graphs = config.cuda_graph_dry_run or use_cuda_graphs(eager, backend, device)
-    sizes = config.cuda_graph_sizes or default_capture_sizes(config.max_num_seqs)
-    seqs = max(config.max_num_seqs, max(sizes)) if graphs else config.max_num_seqs
+    executor = config.executor
+    eager = executor.enforce_eager or tp is not None  # TP runs eagerly (no collectives in captured graphs)
+    graphs = executor.cuda_graph_dry_run or use_cuda_graphs(eager, backend, device)
+    sizes = executor.cuda_graph_sizes or default_capture_sizes(max_num_seqs)
+    seqs = max(max_num_seqs, max(sizes)) if graphs else max_num_seqs
     buffers = InputBuffers(
-        config.block_size,
-        max(config.max_num_batched_tokens, seqs),
+        block_size,
+        max(config.scheduler.max_num_batched_tokens, seqs),
         seqs,
         width,
         device,
@@ -89,7 +91,7 @@ def build_executor(
     cuda_graphs = None
     if graphs:
         cuda_graphs = CudaGraphRunner(
-            model, kv_caches, buffers, sizes, spec.max_model_len, capture=not config.cuda_graph_dry_run
+            model, kv_caches, buffers, sizes, spec.max_model_len, capture=not executor.cuda_graph_dry_run
         ).capture()
     runner = ModelRunner(model, kv_caches, tables, buffers, sampler, copier, speculator, cuda_graphs)
     if tp is not None:
@@ -104,9 +106,9 @@ def _copy_pairs(spec, config, kv_caches, speculator, num_cpu_blocks, kv_dtype, d
     def host_pool(arch, num_layers, dtype):
         if num_cpu_blocks is None:
             return None
-        return allocate_kv_cache(arch, num_cpu_blocks, config.block_size, num_layers, dtype, "cpu")
+        return allocate_kv_cache(arch, num_cpu_blocks, config.cache.block_size, num_layers, dtype, "cpu")
 
-    arch = shard_arch(spec.arch, config.tensor_parallel_size)
+    arch = shard_arch(spec.arch, config.parallel.tensor_parallel_size)
     pairs = [(kv_caches, host_pool(arch, arch.num_hidden_layers, kv_dtype))]
     proposer = speculator.proposer if speculator else None
     if isinstance(proposer, DraftModelProposer):

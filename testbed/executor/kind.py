@@ -35,8 +35,8 @@ class ExecutorKind:
         """Refuse what the EngineConfig alone shows this kind cannot run (called when the config is made)."""
 
     @classmethod
-    def engine_fields(cls, group: dict, device: dict) -> dict:
-        """EngineConfig field -> (value, the config key it came from), from the composed config's executor
+    def executor_fields(cls, group: dict, device: dict) -> dict:
+        """ExecutorConfig field -> (value, the config key it came from), from the composed config's executor
         group (`name` aside) and device group; a key this kind does not read is refused, naming it."""
         unknown = sorted(set(group) - {"name"})
         if unknown:
@@ -47,7 +47,7 @@ class ExecutorKind:
     def check_cluster(cls, config) -> None:
         """Refuse what a simulated cluster of this kind's engines cannot run (testbed.cluster.build)."""
         if not cls.simulated:
-            raise ValueError(f"a simulated cluster needs executor=sim, got executor={config.executor!r}")
+            raise ValueError(f"a simulated cluster needs executor=sim, got executor={config.executor.name!r}")
 
     @classmethod
     def replica_config(cls, config, index: int):
@@ -61,11 +61,11 @@ class ExecutorKind:
         self.clock = clock or time.monotonic
         self.device = torch.device("cpu")
         self.dtype = torch.float32
-        self.kernel = config.kernel  # named in every summary
+        self.kernel = config.executor.kernel  # named in every summary
         self.backend = None  # testbed.attention backend of the kernels that run (None: none run)
 
     def num_blocks(self, arch, kv_dtype: torch.dtype) -> int:
-        """The KV blocks the engine's allocator manages (config.num_blocks when set)."""
+        """The KV blocks the engine's allocator manages (config.cache.num_blocks when set)."""
         raise NotImplementedError
 
     def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
@@ -97,16 +97,16 @@ def filler_token(spec) -> int:
 
 
 class LocalKind(ExecutorKind):
-    """Steps run on this machine's device (config.device; CUDA when there is one), timed by its clock."""
+    """Steps run on this machine's device (config.executor.device; CUDA when there is one), timed by its clock."""
 
     def __init__(self, config, clock=None):
         from testbed.attention import get_backend, resolve_kernel
         from testbed.parallel.config import tp_kernel
 
         super().__init__(config, clock)
-        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = getattr(torch, config.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
-        kernel = tp_kernel(config.kernel, config.tensor_parallel_size, self.device.type)
+        self.device = torch.device(config.executor.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = getattr(torch, config.model.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
+        kernel = tp_kernel(config.executor.kernel, config.parallel.tensor_parallel_size, self.device.type)
         self.kernel = resolve_kernel(kernel, self.device)
         self.backend = get_backend(self.kernel)
 
@@ -114,14 +114,14 @@ class LocalKind(ExecutorKind):
         from testbed.executor.kv_cache import num_blocks_from_memory
         from testbed.parallel.config import shard_arch
 
-        config = self.config
-        return config.num_blocks or num_blocks_from_memory(
-            shard_arch(arch, config.tensor_parallel_size),  # each rank holds its KV heads
+        cache = self.config.cache
+        return cache.num_blocks or num_blocks_from_memory(
+            shard_arch(arch, self.config.parallel.tensor_parallel_size),  # each rank holds its KV heads
             kv_dtype,
-            config.block_size,
+            cache.block_size,
             self.device,
-            config.kv_cache_memory_gb,
-            config.gpu_memory_utilization,
+            cache.memory_gb,
+            cache.gpu_memory_utilization,
         )
 
 
@@ -145,7 +145,7 @@ class RealKind(LocalKind):
 
         num_blocks = super().num_blocks(arch, kv_dtype)
         # before the block pool is built: an absurd budget must fail now, not hang building it
-        bytes_per_block = kv_bytes_per_block(arch, kv_dtype, self.config.block_size)
+        bytes_per_block = kv_bytes_per_block(arch, kv_dtype, self.config.cache.block_size)
         check_kv_cache_fits(self.config, num_blocks, bytes_per_block, self.device)
         return num_blocks
 
@@ -167,14 +167,14 @@ class HostKind(LocalKind):
 
     @classmethod
     def check_config(cls, config) -> None:
-        if config.tensor_parallel_size > 1:
+        if config.parallel.tensor_parallel_size > 1:
             raise ValueError("parallel.tensor_parallel_size > 1 runs with executor=real or executor=sim, not host")
 
     @classmethod
-    def engine_fields(cls, group: dict, device: dict) -> dict:
-        fields = super().engine_fields({k: v for k, v in group.items() if k != "step_time_s"}, device)
+    def executor_fields(cls, group: dict, device: dict) -> dict:
+        fields = super().executor_fields({k: v for k, v in group.items() if k != "step_time_s"}, device)
         if "step_time_s" in group:
-            fields["host_step_time_s"] = (group["step_time_s"], "executor.step_time_s")
+            fields["step_time_s"] = (group["step_time_s"], "executor.step_time_s")
         return fields
 
     def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
@@ -183,9 +183,11 @@ class HostKind(LocalKind):
         from testbed.executor.host_buffers import InputBuffers
         from testbed.executor.host_executor import HostExecutor
 
-        config, seqs = self.config, self.config.max_num_seqs
-        width = table_width(spec, config.block_size)
+        config, seqs = self.config, self.config.scheduler.max_num_seqs
+        block_size = config.cache.block_size
+        width = table_width(spec, block_size)
         tables = BlockTables(width, seqs)
-        buffers = InputBuffers(config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, "cpu", False)
-        executor = HostExecutor(tables, buffers, filler_token(spec), config.host_step_time_s)
+        tokens = max(config.scheduler.max_num_batched_tokens, seqs)
+        buffers = InputBuffers(block_size, tokens, seqs, width, "cpu", False)
+        executor = HostExecutor(tables, buffers, filler_token(spec), config.executor.step_time_s)
         return ExecutorParts(executor, None, None)

@@ -13,9 +13,9 @@ from testbed.core.allocators.base import CopyKind, KVCopy
 from testbed.executor.host_memory import zeros_on_huge_pages
 
 
-def kv_cache_dtype(config, dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's element type: config.kv_cache_dtype, or the model's dtype for "auto"."""
-    return dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+def kv_cache_dtype(cache, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: cache.dtype (a CacheConfig), or the model's dtype for "auto"."""
+    return dtype if cache.dtype == "auto" else getattr(torch, cache.dtype)
 
 
 def kv_bytes_per_block(arch, dtype: torch.dtype, block_size: int) -> int:

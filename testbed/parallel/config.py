@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from testbed.models.arch import ModelArch
-from testbed.spec.config import SpeculativeConfig, proposer_class
+from testbed.spec.config import proposer_class
 
 # kernels whose layers run module by module (the all-reduces live in the modules); kernel=cpu fuses a decode
 # step's layers in C++ (decode_layers) and keeps packed weight copies, so it would skip them
@@ -17,33 +17,25 @@ def tp_kernel(kernel: str, tensor_parallel_size: int, device_type: str) -> str:
     return "triton" if device_type == "cuda" else "torch"
 
 
-def check_parallel_config(config) -> None:
-    """The TP settings' own ranges (called when the config is made; each executor kind checks what it runs)."""
-    n = config.tensor_parallel_size
-    if n < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {n}")
-    if config.distributed_timeout_s <= 0:
-        raise ValueError(f"distributed_timeout_s must be > 0, got {config.distributed_timeout_s}")
-
-
 def check_model_parallel(config) -> None:
     """What an EngineConfig alone shows the real engine cannot run split over its ranks (a simulation's
     tensor parallelism is priced by testbed.parallel.sim_cost instead)."""
-    if config.tensor_parallel_size == 1:
+    if config.parallel.tensor_parallel_size == 1:
         return
-    if config.kernel not in ("auto",) + TP_KERNELS:
+    kernel = config.executor.kernel
+    if kernel not in ("auto",) + TP_KERNELS:
         raise ValueError(
-            f"kernel={config.kernel} does not run under tensor parallelism (it fuses the decoder layers past the "
+            f"kernel={kernel} does not run under tensor parallelism (it fuses the decoder layers past the "
             f"all-reduces); use kernel=torch or kernel=triton (CUDA)"
         )
-    spec = SpeculativeConfig.from_any(config.speculative_config)
+    spec = config.speculative
     if spec.enabled and proposer_class(spec.method).writes_target_kv:
         raise ValueError(
             f"spec.method={spec.method} drafts into the target model's KV cache (its proposer's writes_target_kv) "
             "on rank 0 alone, so the workers' KV shards would miss those entries; it is not supported with "
             "parallel.tensor_parallel_size > 1 (use spec=ngram, or spec=draft: its model runs unsharded on rank 0)"
         )
-    if config.cuda_graph_dry_run:
+    if config.executor.cuda_graph_dry_run:
         raise ValueError("cuda_graph_dry_run is not supported with parallel.tensor_parallel_size > 1 (TP runs eagerly)")
 
 

@@ -56,7 +56,7 @@ class TensorParallel:
 
     def __init__(self, plan: WorkerPlan):
         config = plan.config
-        n = config.tensor_parallel_size
+        n = config.parallel.tensor_parallel_size
         if torch.distributed.is_initialized():
             raise ValueError("a process group is already initialized here: one tensor-parallel engine per process")
         launched = env_rank()
@@ -78,10 +78,10 @@ class TensorParallel:
             self._finalizer = weakref.finalize(self, _stop, self.procs, None)
             init_default(0, n, method, SPAWN_JOIN_TIMEOUT_S)
         torch.distributed.broadcast_object_list([plan], src=0)
-        self.group = make_group(0, n, plan.device_type, config.distributed_timeout_s)
+        self.group = make_group(0, n, plan.device_type, config.parallel.timeout_s)
         if launched is not None:  # torchrun's workers wait for "stop": send it when this goes or at exit
             self._finalizer = weakref.finalize(self, _stop, [], self.group)
-        self.timeout_s = config.distributed_timeout_s
+        self.timeout_s = config.parallel.timeout_s
 
     def build_model(self, spec, ops, dtype, device, seed: int):
         """Rank 0's shard of the model, loaded alone (the workers load theirs meanwhile); then every worker's

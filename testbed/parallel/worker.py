@@ -49,22 +49,25 @@ class WorkerShard:
 
     def __init__(self, plan: WorkerPlan, group: TPGroup):
         config = plan.config
-        spec = load_model_spec(config.model, config.max_model_len, config.tokenizer, config.hf_config)
+        spec = load_model_spec(
+            config.model.name, config.model.max_model_len, config.model.tokenizer, config.model.hf_config
+        )
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
         self.device = group.device
         self.model = build_rank_model(spec, get_backend(plan.kernel), dtype, self.device, config.seed, group)
         arch = shard_arch(spec.arch, group.world_size)
         layers = arch.num_hidden_layers
-        self.kv_caches = allocate_kv_cache(arch, plan.num_blocks, config.block_size, layers, kv_dtype, self.device)
+        block_size = config.cache.block_size
+        self.kv_caches = allocate_kv_cache(arch, plan.num_blocks, block_size, layers, kv_dtype, self.device)
         host = None
         if plan.num_cpu_blocks is not None:
-            host = allocate_kv_cache(arch, plan.num_cpu_blocks, config.block_size, layers, kv_dtype, "cpu")
+            host = allocate_kv_cache(arch, plan.num_cpu_blocks, block_size, layers, kv_dtype, "cpu")
         self.copier = KVBlockCopier([(self.kv_caches, host)])
-        width = -(-spec.max_model_len // config.block_size) + LOOKAHEAD_BLOCKS
-        seqs = config.max_num_seqs
+        width = -(-spec.max_model_len // block_size) + LOOKAHEAD_BLOCKS
+        seqs = config.scheduler.max_num_seqs
         self.tables = BlockTables(width, seqs)
         self.buffers = InputBuffers(
-            config.block_size, max(config.max_num_batched_tokens, seqs), seqs, width, self.device
+            block_size, max(config.scheduler.max_num_batched_tokens, seqs), seqs, width, self.device
         )
         self.group = group
 
@@ -103,7 +106,7 @@ def run_worker(rank: int, world_size: int, init_method: str, join_timeout_s: flo
     torch.distributed.broadcast_object_list(box, src=0)
     plan: WorkerPlan = box[0]
     torch.set_num_threads(plan.num_threads)
-    group = make_group(rank, world_size, plan.device_type, plan.config.distributed_timeout_s)
+    group = make_group(rank, world_size, plan.device_type, plan.config.parallel.timeout_s)
     shard, report = None, None
     try:
         shard = WorkerShard(plan, group)

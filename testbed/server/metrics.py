@@ -170,12 +170,12 @@ class ServerMetrics:
     def cache_config_info(self, engine) -> None:
         """vLLM's vllm:cache_config_info: a gauge of 1 whose labels are the KV cache's configuration
         (CacheConfig.metrics_info(); the names vLLM uses, values as strings)."""
-        config = engine.config
+        config = engine.config.cache
         swap = config.preemption_mode == "swap"
         info = {
             "block_size": str(engine.kv.block_size),
-            "cache_dtype": str(config.kv_cache_dtype),
-            "enable_prefix_caching": str(bool(config.enable_prefix_caching)),
+            "cache_dtype": str(config.dtype),
+            "enable_prefix_caching": str(bool(config.prefix_caching)),
             "num_gpu_blocks": str(engine.kv.num_blocks),
             "num_cpu_blocks": str(config.num_cpu_blocks) if swap and config.num_cpu_blocks else "None",
             "swap_space": str(config.swap_space_gb if swap else 0),

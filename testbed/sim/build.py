@@ -46,11 +46,16 @@ class SimPlan:
         return num_blocks
 
 
+def sim_config(engine_config) -> SimConfig:
+    """The simulation's settings: executor.sim, or the defaults (which refuse a roofline without a device)."""
+    return engine_config.executor.sim or SimConfig()
+
+
 def plan_simulation(engine_config, clock=None) -> SimPlan:
     """The simulation an executor=sim engine runs. Checks the cost model's inputs exist before anything is
     built (unknown device, missing profile or recorded run: a clear error now)."""
-    sim = SimConfig.from_any(engine_config.sim_config or {})
-    tp = engine_config.tensor_parallel_size
+    sim = sim_config(engine_config)
+    tp = engine_config.parallel.tensor_parallel_size
     if tp > 1 and (sim.cost_model == REPLAY_STEPS or cost_model_class(sim.cost_model).tensor_parallel is None):
         raise ValueError(
             f"executor.cost_model={sim.cost_model} does not price tensor parallelism "
@@ -59,8 +64,8 @@ def plan_simulation(engine_config, clock=None) -> SimPlan:
     if tp > 1:
         load_link(sim.tp_link)  # an unknown link fails now
     recorded = None
-    dtype = engine_config.dtype
-    kernel = engine_config.kernel
+    dtype = engine_config.model.dtype
+    kernel = engine_config.executor.kernel
     if sim.cost_model == REPLAY_STEPS:
         from testbed.sim.recorded_run import RecordedRun
 
@@ -84,7 +89,7 @@ def build_sim_executor(
 ):
     """(executor, speculator): the cost model named by the plan, checked against the model, kernel, dtype."""
     from testbed.sim.proposer import FixedDraftProposer
-    from testbed.spec import SpeculativeConfig, Speculator
+    from testbed.spec import Speculator
 
     sim = plan.config
     cost_model = None  # replay_steps: the clock replays the recorded run's readings
@@ -103,7 +108,7 @@ def build_sim_executor(
         cost_model = build_cost_model(sim.cost_model, context, sim.cost_model_options)
     if plan.tensor_parallel_size > 1:
         cost_model = _tensor_parallel(cost_model, plan, spec)
-    spec_config = SpeculativeConfig.from_any(speculative_config)
+    spec_config = speculative_config
     speculator = None
     if spec_config.enabled:
         speculator = Speculator(spec_config, FixedDraftProposer(token_id), spec.max_model_len)

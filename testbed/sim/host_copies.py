@@ -35,10 +35,8 @@ class HostCopyCost:
         return load + store
 
 
-def host_copy_cost(config, bytes_per_block: int) -> HostCopyCost | None:
-    """The host tier's copies priced over its link; None when the engine config asks for no host tier."""
+def host_copy_cost(tier, bytes_per_block: int) -> HostCopyCost | None:
+    """The host tier's copies (tier: a HostTierConfig) priced over its link; None when it is off."""
     from testbed.cluster.links import load_link
-    from testbed.core.host_tier import HostTierConfig
 
-    tier = HostTierConfig.from_any(config.host_tier)
     return HostCopyCost(load_link(tier.link), bytes_per_block) if tier.enabled else None

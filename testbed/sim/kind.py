@@ -4,8 +4,7 @@ clock (testbed.sim.build). Nothing runs on a device: the simulated one is the co
 import dataclasses
 
 from testbed.executor.kind import ExecutorKind, ExecutorParts, filler_token
-from testbed.sim.build import build_sim_executor, plan_simulation
-from testbed.sim.config import SimConfig
+from testbed.sim.build import build_sim_executor, plan_simulation, sim_config
 from testbed.sim.cost_models import REPLAY_STEPS
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.host_copies import host_copy_cost
@@ -18,26 +17,26 @@ class SimKind(ExecutorKind):
 
     @classmethod
     def check_config(cls, config) -> None:
-        SimConfig.from_any(config.sim_config or {})  # tensor parallelism: priced by testbed.parallel.sim_cost
+        sim_config(config)  # tensor parallelism: priced by testbed.parallel.sim_cost
 
     @classmethod
-    def engine_fields(cls, group: dict, device: dict) -> dict:
+    def executor_fields(cls, group: dict, device: dict) -> dict:
         """Every key but `name` is a SimConfig field (it refuses those it does not know); the device group is
         the simulated device's spec sheet."""
         sim = {k: v for k, v in group.items() if k != "name"}
-        return {"sim_config": ({**sim, "device": device}, "executor")}
+        return {"sim": ({**sim, "device": device}, "executor")}
 
     @classmethod
     def check_cluster(cls, config) -> None:
-        if SimConfig.from_any(config.sim_config or {}).cost_model == REPLAY_STEPS:
+        if sim_config(config).cost_model == REPLAY_STEPS:
             raise ValueError("cost_model=replay_steps replays one recorded engine's clock: it cannot price a cluster")
 
     @classmethod
     def replica_config(cls, config, index: int):
         """Also the simulation's own draws (speculative acceptance) seeded per replica."""
-        sim = dict(config.sim_config or {})
-        sim["seed"] = (sim.get("seed") or 0) + index
-        return dataclasses.replace(config, seed=config.seed + index, sim_config=sim)
+        sim = sim_config(config)
+        executor = dataclasses.replace(config.executor, sim=dataclasses.replace(sim, seed=sim.seed + index))
+        return dataclasses.replace(config, seed=config.seed + index, executor=executor)
 
     def __init__(self, config, clock=None):
         super().__init__(config, clock)
@@ -45,9 +44,9 @@ class SimKind(ExecutorKind):
         self.clock, self.dtype, self.kernel = self.plan.clock, self.plan.dtype, self.plan.kernel
 
     def num_blocks(self, arch, kv_dtype) -> int:
-        config = self.config
-        return config.num_blocks or self.plan.num_blocks(
-            arch, config.block_size, config.gpu_memory_utilization, config.kv_cache_memory_gb
+        cache = self.config.cache
+        return cache.num_blocks or self.plan.num_blocks(
+            arch, cache.block_size, cache.gpu_memory_utilization, cache.memory_gb
         )
 
     def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
@@ -56,10 +55,10 @@ class SimKind(ExecutorKind):
             self.plan,
             spec,
             filler_token(spec),
-            config.speculative_config,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            host_copy_cost(config, block_bytes),
+            config.speculative,
+            config.scheduler.max_num_seqs,
+            config.scheduler.max_num_batched_tokens,
+            host_copy_cost(config.cache.host_tier, block_bytes),
         )
         return ExecutorParts(executor, None, speculator)
 

@@ -52,7 +52,7 @@ def _check_against_allocator(monkeypatch, engine):
     give (the executor only ever sees the changes pushed in SchedulerOutputs)."""
     original = model_runner_module.stage_inputs
     steps = []
-    block_size = engine.config.block_size
+    block_size = engine.config.cache.block_size
 
     def checked(out, tables, buffers, pad_to=None):
         staged = original(out, tables, buffers, pad_to)
@@ -99,7 +99,7 @@ def test_block_tables_match_naive(monkeypatch, mode):
     if mode == "prefix_cache":
         assert llm.engine.kv.prefix_hits > 0
     tables = llm.engine.executor.tables
-    assert len(tables.row_of) <= llm.engine.config.max_num_seqs  # finished requests are forgotten
+    assert len(tables.row_of) <= llm.engine.config.scheduler.max_num_seqs  # finished requests are forgotten
 
 
 def test_host_executor_runs_requests_to_completion():

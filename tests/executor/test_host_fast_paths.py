@@ -14,7 +14,7 @@ from testbed import LLM, SamplingParams
 from testbed.core.allocators.base import final_length
 from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.policies import get_policy
-from testbed.core.scheduler import Scheduler, SchedulerConfig
+from testbed.core.scheduler import Scheduler, SchedulerLimits
 from testbed.request import Request
 from testbed.stopping import check_token_stop
 
@@ -152,7 +152,7 @@ def test_stop_filter_equals_checking_every_token():
     for _ in range(400):
         max_model_len = rng.randrange(8, 40)
         sched = Scheduler(
-            SchedulerConfig(max_model_len=max_model_len), KVCacheManager(64, 4), get_policy("fcfs"), clock=lambda: 0.0
+            SchedulerLimits(max_model_len=max_model_len), KVCacheManager(64, 4), get_policy("fcfs"), clock=lambda: 0.0
         )
         params = SamplingParams(
             max_tokens=rng.choice([None, 1, 3, 10, 50]),

@@ -29,7 +29,7 @@ def test_narrow_kv_cache_same_tokens_on_torch_and_cpu_kernels(kv_dtype):
     k_cache = engine.executor.kv_caches[0][0]
     assert k_cache.dtype == getattr(torch, kv_dtype) and engine.dtype == torch.float32
     # the same memory budget holds twice the fp32 cache's blocks
-    block_bytes = engine.arch.kv_bytes_per_token(4) * engine.config.block_size
+    block_bytes = engine.arch.kv_bytes_per_token(4) * engine.config.cache.block_size
     assert engine.kv.num_blocks == int(0.05 * 2**30 // (block_bytes // 2)) >= 2 * int(0.05 * 2**30 // block_bytes)
     _, ref = _run("torch", kv_dtype)
     assert cpu == ref and all(len(t) == 12 for t in cpu)
@@ -40,4 +40,4 @@ def test_kv_cache_dtype_validation():
         EngineConfig(kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="not triton"):
         EngineConfig(kernel="triton", kv_cache_dtype="bfloat16")
-    assert EngineConfig(kernel="cpu", kv_cache_dtype="float16").kv_cache_dtype == "float16"
+    assert EngineConfig(kernel="cpu", kv_cache_dtype="float16").cache.dtype == "float16"

@@ -36,7 +36,8 @@ def reference(overrides: list[str], prompts: list[list[int]]) -> list[tuple[list
     """(token strings, their logprobs, text) per prompt from the same composed config on one rank."""
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    engine = Engine(replace(engine_config_from_cfg(cfg), tensor_parallel_size=1))
+    config = engine_config_from_cfg(cfg)
+    engine = Engine(replace(config, parallel=replace(config.parallel, tensor_parallel_size=1)))
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=1, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)

@@ -53,10 +53,10 @@ def test_cache_config_info(server):
     (sample,) = info.samples
     assert sample.value == 1
     config = server.engine.config
-    assert sample.labels["block_size"] == str(config.block_size)
+    assert sample.labels["block_size"] == str(config.cache.block_size)
     assert sample.labels["num_gpu_blocks"] == str(server.engine.kv.num_blocks) == "96"
-    assert sample.labels["enable_prefix_caching"] == str(config.enable_prefix_caching)
-    assert sample.labels["cache_dtype"] == config.kv_cache_dtype
+    assert sample.labels["enable_prefix_caching"] == str(config.cache.prefix_caching)
+    assert sample.labels["cache_dtype"] == config.cache.dtype
 
 
 def test_spec_decode_accepted_per_position_has_samples(server, wait_for):

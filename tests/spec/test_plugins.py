@@ -62,7 +62,8 @@ def cfg(*overrides):
 
 def test_the_method_by_path_through_the_composed_config(mydrafts):
     settings = run_settings(cfg("spec.method=mydrafts:RepeatLast", "+spec.options={max_drafts:2}"))
-    assert settings.engine.speculative_config == {"method": "mydrafts:RepeatLast", "options": {"max_drafts": 2}}
+    spec = settings.engine.speculative
+    assert (spec.method, spec.options) == ("mydrafts:RepeatLast", {"max_drafts": 2})
     with pytest.raises(ValueError, match=r"takes no options \['max_draft'\]; its options: \['max_drafts'\]"):
         run_settings(cfg("spec.method=mydrafts:RepeatLast", "+spec.options={max_draft:2}"))
     with pytest.raises(ValueError, match="missing a required argument: 'max_drafts'"):

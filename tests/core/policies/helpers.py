@@ -7,7 +7,7 @@ import torch
 
 from testbed.core.allocators import get_allocator
 from testbed.core.policies import get_policy
-from testbed.core.scheduler import Scheduler, SchedulerConfig
+from testbed.core.scheduler import Scheduler, SchedulerLimits
 from testbed.core.swap import SwapManager
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
@@ -42,7 +42,7 @@ class Sim:
         self.copies = []  # (src, dst, kind) of every block copy handed to the executor, in order
         swap = SwapManager(self.kv, swap_blocks) if swap_blocks else None
         self.sched = Scheduler(
-            SchedulerConfig(budget, max_num_seqs, True, max_model_len),
+            SchedulerLimits(budget, max_num_seqs, True, max_model_len),
             self.kv,
             get_policy(policy, kv=self.kv, **options),
             self.clock,

@@ -23,15 +23,15 @@ def _cfg(*overrides):
 @pytest.mark.parametrize("scheduler", sorted(POLICIES))
 def test_every_scheduler_has_a_config_that_builds_its_policy(scheduler):
     ec = engine_config_from_cfg(_cfg(f"scheduler={scheduler}"))
-    assert ec.scheduler == scheduler
+    assert ec.scheduler.name == scheduler
     kv = get_allocator("paged", 64, 16, max_model_len=1024)
-    assert get_policy(ec.scheduler, kv=kv, **ec.scheduler_options).name == scheduler
+    assert get_policy(ec.scheduler.name, kv=kv, **ec.scheduler.options).name == scheduler
 
 
 @pytest.mark.parametrize("cache", sorted(ALLOCATORS))
 def test_every_allocator_has_a_config(cache):
     ec = engine_config_from_cfg(_cfg(f"cache={cache}", "cache.eviction=lfu", "cache.preemption_mode=swap"))
-    assert (ec.cache, ec.eviction, ec.preemption_mode) == (cache, "lfu", "swap")
+    assert (ec.cache.name, ec.cache.eviction, ec.cache.preemption_mode) == (cache, "lfu", "swap")
     assert set(EVICTION_POLICIES) >= {"lru", "lfu"}
 
 

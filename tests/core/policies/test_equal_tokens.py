@@ -73,7 +73,7 @@ def _run(name, **overrides):
         assert engine.scheduler.num_preemptions > 0, f"{name}: no preemption happened"
     if "swap" in name:
         assert engine.scheduler.swap.num_swap_ins > 0
-    if engine.config.cache == "paged":
+    if engine.config.cache.name == "paged":
         engine.kv.pool.check_invariants()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     return outputs
