@@ -5,8 +5,10 @@ its own bad values naming the field, as the caller named it."""
 from __future__ import annotations
 
 import dataclasses
+from importlib import resources
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_module
 
 from experiments.engine_config import engine_config_from_cfg
@@ -203,7 +205,8 @@ def test_groups_built_from_the_composed_config_equal_those_from_flat_keywords(co
         "structured_outputs.compile_threads=1",
         "seed=7",
     )
-    flat = EngineConfig(**{**FLAT, "async_scheduling": None})
+    tiny = yaml.safe_load((resources.files("testbed.specs") / "model" / "tiny.yaml").read_text())
+    flat = EngineConfig(**{**FLAT, "async_scheduling": None, "hf_config": tiny["hf_config"]})  # the sheet's values
     sjf = flat.scheduler.options | {k: v for k, v in built.scheduler.options.items() if k != "by"}
     assert built.scheduler == dataclasses.replace(flat.scheduler, options=sjf)  # the yaml's options too
     for group in ("model", "cache", "executor", "parallel", "speculative", "structured_outputs", "seed"):
