@@ -145,26 +145,36 @@ def step_row(stats) -> dict:
     return row
 
 
-def run_columns(run) -> dict[str, list]:
-    """A decode run's rows (testbed.step_stats.StepRun) as columns, equal to step_row of each step up to
-    the cache's (kv_columns)."""
+def _repeated(value, k: int) -> np.ndarray:
+    """An object column holding the same object k times (nobody writes into a step row's lists)."""
+    column = np.empty(k, dtype=object)
+    column.fill(value)
+    return column
+
+
+def run_columns(run) -> dict[str, np.ndarray]:
+    """A decode run's rows (testbed.step_stats.StepRun) as column arrays, equal to step_row of each step up
+    to the cache's (kv_columns): the same numbers in the dtypes pandas gives their Python values."""
     k, n = len(run), run.num_seqs
-    empty: list = []  # one empty list for every row (nobody writes into a step row)
+    starts = np.array(run.start_times, dtype=np.float64)
+    grammar = np.zeros(k)
+    grammar[0] = run.grammar_time_s
+    empty: list = []
     return {
-        "step": list(range(run.first_step, run.first_step + k)),
-        "start_time": run.start_times,
-        "duration_s": run.durations(),
-        "num_seqs": [n] * k,
-        "num_prefill_tokens": [0] * k,
-        "num_decode_tokens": [n] * k,
-        "num_preempted": [0] * k,
-        "num_waiting": [run.num_waiting] * k,
-        "num_running": [n] * k,
-        "grammar_time_s": [run.grammar_time_s] + [0.0] * (k - 1),
-        "scheduled_ids": [run.scheduled_ids] * k,
-        "scheduled_tokens": [run.scheduled_tokens] * k,
-        "prefill_ids": [empty] * k,
-        "preempted_ids": [empty] * k,
+        "step": np.arange(run.first_step, run.first_step + k, dtype=np.int64),
+        "start_time": starts,
+        "duration_s": np.array(run.end_times, dtype=np.float64) - starts,  # end - start, as StepStats'
+        "num_seqs": np.full(k, n, dtype=np.int64),
+        "num_prefill_tokens": np.zeros(k, dtype=np.int64),
+        "num_decode_tokens": np.full(k, n, dtype=np.int64),
+        "num_preempted": np.zeros(k, dtype=np.int64),
+        "num_waiting": np.full(k, run.num_waiting, dtype=np.int64),
+        "num_running": np.full(k, n, dtype=np.int64),
+        "grammar_time_s": grammar,
+        "scheduled_ids": _repeated(run.scheduled_ids, k),
+        "scheduled_tokens": _repeated(run.scheduled_tokens, k),
+        "prefill_ids": _repeated(empty, k),
+        "preempted_ids": _repeated(empty, k),
     }
 
 
@@ -172,13 +182,13 @@ KV_PARTS = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_
 KV_PARTS += ("external_slots", "free_slots", "slack_token_slots")
 
 
-def kv_columns(stats: list) -> dict[str, list] | None:
+def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
     """kv_fields of each step's cache stats (testbed.step_stats.kv_compact: KVCacheStats field tuples, or
-    objects), as columns; None unless they are all plain ints of one type with the KVCacheStats fields
-    and a cache of at least one block."""
+    objects), as int64 / float64 column arrays; None unless they are all plain ints of one type with the
+    KVCacheStats fields and a cache of at least one block."""
     if all(type(s) is tuple for s in stats):
         keys = [f"kv_{name}" for name in KV_FIELDS]
-        values = list(zip(*stats))
+        rows = stats
     else:
         objects = [kv_stats_of(s) for s in stats]
         kind = type(objects[0])
@@ -186,28 +196,63 @@ def kv_columns(stats: list) -> dict[str, list] | None:
             return None
         kv_fields(objects[0])  # makes the type's getter
         getter, keys = _DATACLASS_FIELDS[kind]
-        values = list(zip(*map(getter, objects)))
-    if any(set(map(type, column)) != {int} for column in values):
+        rows = list(map(getter, objects))
+    if any(set(map(type, column)) != {int} for column in zip(*rows)):
         return None
-    columns = {key: list(column) for key, column in zip(keys, values)}
+    table = np.array(rows, dtype=np.int64).reshape(len(rows), len(keys))
+    columns = {key: table[:, i] for i, key in enumerate(keys)}
     if any(f"kv_{name}" not in columns for name in KV_PARTS):
         return None
     num_blocks, block_size, used, token, reserved, internal, external, free, slack = (
-        np.asarray(columns[f"kv_{name}"], dtype=np.int64) for name in KV_PARTS
+        columns[f"kv_{name}"] for name in KV_PARTS
     )
     if (num_blocks <= 0).any() or (block_size <= 0).any():
         return None
     # the derived ratios, as kv_fields computes them (int / int and a sum of ints: the same doubles)
     total = num_blocks * block_size
-    columns["kv_usage"] = (used / num_blocks).tolist()
+    columns["kv_usage"] = used / num_blocks
     whole = token + reserved + internal + external + free == total
-    columns["frag_internal"] = np.where(whole, internal / total, slack / total).tolist()
-    columns["frag_reserved"] = np.where(whole, reserved / total, 0.0).tolist()
-    columns["frag_external"] = np.where(whole, external / total, 0.0).tolist()
+    columns["frag_internal"] = np.where(whole, internal / total, slack / total)
+    columns["frag_reserved"] = np.where(whole, reserved / total, 0.0)
+    columns["frag_external"] = np.where(whole, external / total, 0.0)
     return columns
 
 
-def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, list] | None:
+def _fits(values: list, kind: np.dtype) -> bool:
+    """Python ints within int64 (pandas would give a larger one another dtype); any float."""
+    return kind != np.dtype(np.int64) or not values or (min(values) >= -(2**63) and max(values) < 2**63)
+
+
+def _column(parts: list) -> np.ndarray | list:
+    """One steps-table column from its parts (arrays from runs, lists of row values): an array of the
+    runs' dtype where the row values are Python numbers pandas would give that dtype too (ints for int64,
+    floats for float64; objects for objects), else the values as one list (pandas infers the dtype)."""
+    kinds = {part.dtype for part in parts if isinstance(part, np.ndarray)}
+    if len(kinds) == 1:
+        (kind,) = kinds
+        fits = {np.dtype(np.int64): {int}, np.dtype(np.float64): {float}}.get(kind)
+        arrays = []
+        for part in parts:
+            if isinstance(part, np.ndarray):
+                arrays.append(part)
+            elif kind == np.dtype(object):
+                column = np.empty(len(part), dtype=object)
+                for i, value in enumerate(part):  # one by one: a list of lists would become a 2-D array
+                    column[i] = value
+                arrays.append(column)
+            elif fits is not None and set(map(type, part)) <= fits and _fits(part, kind):
+                arrays.append(np.array(part, dtype=kind))
+            else:
+                break
+        else:
+            return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+    out: list = []
+    for part in parts:
+        out += part.tolist() if isinstance(part, np.ndarray) and part.dtype != object else list(part)
+    return out
+
+
+def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, np.ndarray | list] | None:
     """The steps table's columns from step rows and decode runs kept whole (each before which row); None
     where they do not all have the same columns in the same order (the caller then makes every row)."""
     kv = kv_columns([stats for _, run in runs for stats in run.kv])  # every run's at once
@@ -219,7 +264,7 @@ def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, 
         if position > at:
             parts.append(rows[at:position])
             at = position
-        columns = run_columns(run)
+        columns: dict = run_columns(run)
         end = offset + len(run)
         columns.update((key, values[offset:end]) for key, values in kv.items())
         offset = end
@@ -228,19 +273,19 @@ def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, 
         parts.append(rows[at:])
     first = parts[0]
     keys = list(first if isinstance(first, dict) else first[0])
-    out: dict[str, list] = {key: [] for key in keys}
+    pieces: dict[str, list] = {key: [] for key in keys}
     for part in parts:
         if isinstance(part, dict):
             if list(part) != keys:
                 return None
             for key in keys:
-                out[key] += part[key]
+                pieces[key].append(part[key])
         else:
             if any(list(row) != keys for row in part):
                 return None
             for key in keys:
-                out[key] += [row[key] for row in part]
-    return out
+                pieces[key].append([row[key] for row in part])
+    return {key: _column(pieces[key]) for key in keys}
 
 
 class Recorder:
