@@ -1,9 +1,11 @@
 """Eviction policies against LRU (SIMULATED): prefix-hit rate and TTFT of lru, lfu and workload
-(testbed/core/workload_eviction.py, after "KVCache Cache in the Wild", ATC 2025) on Mooncake windows and
-on synthetic multi-turn sessions, llama-3.1-8b on the h100-sxm roofline model.
+(testbed/core/workload_eviction.py, after "KVCache Cache in the Wild", ATC 2025) on Mooncake windows (open
+loop, or grouped into sessions so that each turn carries its turn index) and on synthetic multi-turn
+sessions, llama-3.1-8b on the h100-sxm roofline model.
 
     python -m experiments.studies.kv_eviction                       # -> results/kv_reuse/eviction*.csv
     python -m experiments.studies.kv_eviction --windows 2 --seeds 2 # a quick look
+    python -m experiments.studies.kv_eviction --policies lru workload --out results/kv_reuse/paper_policy
 
 Held fixed: the engine (fcfs, chunked prefill, max_num_batched_tokens 8192, block 64, prefix caching,
 bf16 KV), the cost model, a device cache of `--capacity` blocks (small enough that eviction decides hits),
@@ -25,15 +27,16 @@ import pandas as pd
 from experiments.studies.cluster_runs import ROOT, RunTable, ci95, compose_cfg, trace_path
 
 OUT = ROOT / "results" / "kv_reuse"
-POLICIES = ("lru", "lfu", "workload")
+POLICIES = ("lru", "lfu", "workload")  # --policies; workload_hist is the earlier workload-aware variant
 METRICS = ("prefix_hit_rate", "mean_ttft_ms", "p99_ttft_ms", "mean_e2el_ms")
 ENGINE = ["executor=sim", "device=h100-sxm", "model=llama-3.1-8b", "cache.block_size=64",
           "scheduler.max_num_batched_tokens=8192", "metrics.kv_access_log=false"]  # fmt: skip
 
 
 def workload_overrides(name: str, repeat: int, args) -> list[str]:
-    if name == "mooncake":
-        return [f"trace.path={trace_path('mooncake')}", "trace=mooncake", "replay=open_loop",
+    if name in ("mooncake", "mooncake_sessions"):  # the same requests; as sessions each turn is labelled
+        replay = "replay=open_loop" if name == "mooncake" else "replay=sessions"
+        return [f"trace.path={trace_path('mooncake')}", f"trace={name}", replay,
                 f"trace.start={args.first_request + repeat * args.requests}", f"trace.max_requests={args.requests}",
                 f"trace.time_scale={args.time_scale}"]  # fmt: skip
     return ["trace=sessions", "replay=sessions", f"trace.seed={repeat}", f"trace.num_sessions={args.sessions}",
@@ -77,13 +80,19 @@ def main(argv=None) -> None:
     ap.add_argument("--first-request", type=int, default=2400, help="Mooncake: where the first window starts")
     ap.add_argument("--mooncake-capacity", type=int, default=6000, help="device KV blocks (64 tokens each)")
     ap.add_argument("--sessions-capacity", type=int, default=600, help="device KV blocks (64 tokens each)")
+    ap.add_argument("--workloads", nargs="+", default=["mooncake", "sessions"],
+                    help="mooncake (open loop, unlabelled), mooncake_sessions (its requests grouped into "
+                    "sessions, turns labelled), sessions (synthetic)")  # fmt: skip
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), help="cache.eviction values (lru first)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     table = RunTable(args.out / "eviction_runs.csv", ["workload", "repeat", "policy", "capacity"])
-    capacity = {"mooncake": args.mooncake_capacity, "sessions": args.sessions_capacity}
-    for workload, repeats in (("mooncake", args.windows), ("sessions", args.seeds)):
+    capacity = {"mooncake": args.mooncake_capacity, "mooncake_sessions": args.mooncake_capacity,
+                "sessions": args.sessions_capacity}  # fmt: skip
+    repeats_of = {"mooncake": args.windows, "mooncake_sessions": args.windows, "sessions": args.seeds}
+    for workload, repeats in ((w, repeats_of[w]) for w in args.workloads):
         for repeat in range(repeats):
-            for policy in POLICIES:
+            for policy in args.policies:
                 key = {"workload": workload, "repeat": repeat, "policy": policy, "capacity": capacity[workload]}
                 if table.done(key):
                     continue

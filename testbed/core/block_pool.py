@@ -86,6 +86,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = make_free_queue(eviction, self.blocks)  # eviction order (testbed.core.eviction)
+        self._note_cached = getattr(self.free_queue, "cached", None)  # a policy that learns from re-caching
         self.hash_to_block: dict[int, KVCacheBlock] = {}  # the block a lookup of the hash returns
         self.duplicates: dict[int, list[KVCacheBlock]] = {}  # further blocks with that hash, in caching order
         self.num_cached_free = 0  # free blocks that still hold a cached prefix
@@ -197,6 +198,8 @@ class BlockPool:
         block.block_hash = block_hash
         block.depth = depth
         block.request_class = request_class
+        if self._note_cached is not None:
+            self._note_cached(block)
         if self.access_log is not None:
             self.access_log.cache(block_hash)
         first = self.hash_to_block.setdefault(block_hash, block)

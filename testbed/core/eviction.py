@@ -7,8 +7,11 @@ num_free): `popleft` hands out the block to reuse next, evicting whatever prefix
          shared prefix outlives its suffixes)
     lfu  blocks caching nothing first, then the fewest prefix hits, ties broken least recently freed:
          a system prompt hit by many requests survives a burst of one-off prompts
-    workload  the lowest predicted reuse probability first, learned per block class and idle time
-         ("KVCache Cache in the Wild", ATC 2025; testbed/core/workload_eviction.py)
+    workload  the lowest predicted reuse probability first: per request category an exponential reuse-time
+         model, ties to the block deepest in its prompt ("KVCache Cache in the Wild", ATC 2025;
+         testbed/core/workload_eviction.py)
+    workload_hist  an earlier variant: an empirical reuse histogram per (label, depth, hit) class, counting
+         only hits on cached blocks (testbed/core/workload_hist_eviction.py)
 """
 
 import heapq
@@ -17,6 +20,7 @@ EVICTION_POLICIES = {
     "lru": "testbed.core.block_pool:FreeBlockQueue",
     "lfu": "testbed.core.eviction:LFUFreeQueue",
     "workload": "testbed.core.workload_eviction:WorkloadAwareFreeQueue",
+    "workload_hist": "testbed.core.workload_hist_eviction:EmpiricalReuseFreeQueue",
 }
 
 

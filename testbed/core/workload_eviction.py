@@ -1,133 +1,157 @@
-"""Workload-aware eviction (`cache.eviction=workload`), in the spirit of "KVCache Cache in the Wild:
-Characterizing and Optimizing KVCache Cache at a Large Cloud Provider" (Wang et al., USENIX ATC 2025).
+"""Workload-aware eviction (`cache.eviction=workload`) after "KVCache Cache in the Wild: Characterizing and
+Optimizing KVCache Cache at a Large Cloud Provider" (Wang et al., USENIX ATC 2025).
 
-That study finds that whether a block is reused depends on the kind of request it came from and falls
-with the time since its last use, and evicts the block with the lowest predicted reuse probability instead
-of the least recently used one. Here a free block's class is (the label of the request that cached it,
-its depth in the prefix chain, bucketed by powers of two; whether it was ever hit), and for each class the
-queue learns online, from what it sees,
+The paper's policy: within a request category (its workload type and turn number) a block's reuse time
+follows an exponential distribution, so the chance that a block idle for t is reused within the next
+window `life` is
 
-    p(class, age) = (reuses of blocks idle longer than `age`) / (free periods that lasted longer than `age`)
+    ReuseProb_c(t) = P_c * exp(-lambda_c * t) * (1 - exp(-lambda_c * life))
 
-(ages in log2 bins, with a prior of one half weighing as one observation): the empirical chance that a
-block of the class that has been idle that long is still reused before it is evicted. A reuse is a hit on
-a free block; a free period also ends at eviction (censored). Blocks caching nothing go first, then the
-block with the lowest p; within a class p falls with age, so only each class's oldest block competes, and
-ties (no data yet) fall back to least recently freed, i.e. LRU.
+(P_c: the share of the category's blocks that are reused at all; 1 / lambda_c: their mean reuse time),
+and the block evicted is the one with the smallest priority (ReuseProb, -offset): the lowest reuse
+probability, and among equals the one furthest into its prompt (head blocks are reused more than tails).
 
-Where it deviates: the paper's classes are workload types (to-C chat, API calls) and turn numbers; here
-the label is what a request's `SamplingParams.extra_args["request_class"]` says (replay=sessions: the turn
-index, capped at 7; other replays none), completed by the block's prefix depth and hit history; and
-age is counted in blocks freed since (the cache's own churn), not wall-clock seconds, so a simulation and a
-real run age blocks alike. The paper fits an exponential per class; this uses the empirical histogram.
+Here, per category c (the caching request's `SamplingParams.extra_args["request_class"]`; replay=sessions
+sets the turn index, capped at 7; unlabelled requests are one category), learned online:
+- a reuse is a prefix hit on a free block, or a block cached again under the hash of a block this queue
+  evicted (kept as a ghost, at most GHOSTS x the pool's blocks, oldest dropped first): the workload's
+  reuses, not only those the policy let hit; its reuse time is the age at that moment;
+- P_c = reuses / (reuses + ghosts dropped unreused), 1 / lambda_c = the mean reuse time (each with a one-
+  observation prior: P = 1/2, mean reuse time = life);
+- life = the mean age at which cached blocks are evicted (exponentially weighted): the window a reuse
+  must fall in to still hit;
+- offset = the block's position in its prompt's chain of blocks.
+
+Where it deviates: time is counted in blocks handed out (the cache's churn), not seconds, so a simulation
+and a real run age blocks alike and blocks freed between two evictions share an age; the paper's
+categories are workload types (text, file, image, API) and turn numbers, here only what the request's
+label says (no workload type in our traces); within a category only its least recently freed block
+competes (exact, as ReuseProb falls with age), so the offset breaks ties between categories and, within
+one, the freeing order (a request's blocks are freed tail first) stands in for it. With one category
+the order is LRU's.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from typing import Any
 
-NUM_BINS = 48
-PRIOR = 0.5  # a class's reuse probability before it has data, weighing as one observation
-
-
-def _bin(age: int) -> int:
-    return min(age.bit_length(), NUM_BINS - 1)
+GHOSTS = 4  # evicted hashes remembered, per block of the pool
+LIFE_WEIGHT = 0.01  # weight of the latest eviction age in the running mean `life`
 
 
-class _ClassStats:
-    __slots__ = ("reused", "ended", "suffix", "dirty")
+class _Category:
+    __slots__ = ("reuses", "reuse_time", "unreused")
 
     def __init__(self) -> None:
-        self.reused = [0] * NUM_BINS  # reuses by age bin
-        self.ended = [0] * NUM_BINS  # free periods ended (reuse or eviction) by age bin
-        self.suffix: list[float] = [PRIOR] * NUM_BINS
-        self.dirty = False
+        self.reuses = 0
+        self.reuse_time = 0.0
+        self.unreused = 0
 
-    def probability(self, age: int) -> float:
-        if self.dirty:
-            r = e = 0
-            for b in range(NUM_BINS - 1, -1, -1):
-                r += self.reused[b]
-                e += self.ended[b]
-                self.suffix[b] = (r + PRIOR) / (e + 1)
-            self.dirty = False
-        return self.suffix[_bin(age)]
+    def log_reuse_prob(self, age: int, life: float) -> float:
+        """log ReuseProb(age) (logs: exp(-lambda * age) underflows for old blocks)."""
+        p = (self.reuses + 0.5) / (self.reuses + self.unreused + 1)
+        lam = (self.reuses + 1) / (self.reuse_time + life)
+        return math.log(p) - lam * age + math.log(-math.expm1(-lam * life))
 
 
 class WorkloadAwareFreeQueue:
     def __init__(self, blocks):
+        blocks = list(blocks)
         self._empty: OrderedDict[int, object] = OrderedDict()  # free blocks caching nothing, freeing order
-        self._classes: dict[tuple, OrderedDict[int, object]] = {}
-        self._where: dict[int, tuple | None] = {}  # block id -> its class (None: caching nothing)
-        self._stamp: dict[int, int] = {}  # block id -> clock at append
-        self.stats: dict[tuple, _ClassStats] = {}
-        self.clock = 0  # blocks freed so far
+        self._queues: dict[object, OrderedDict[int, Any]] = {}  # per category, freeing order (KVCacheBlocks)
+        self._where: dict[int, tuple] = {}  # block id -> (in the empty queue?, category)
+        self._stamp: dict[int, int] = {}  # block id -> clock when freed
+        self._ghosts: OrderedDict[int, tuple[object, int]] = OrderedDict()  # hash -> (category, stamp)
+        self._max_ghosts = GHOSTS * max(len(blocks), 1)
+        self.categories: dict[object, _Category] = {}
+        self.clock = 0  # blocks handed out so far
+        self.life = 0.0
         for block in blocks:
             self.append(block)
-
-    @staticmethod
-    def block_class(block) -> tuple:
-        return (block.request_class, block.depth.bit_length(), block.hit_count > 0)
 
     @property
     def num_free(self) -> int:
         return len(self._where)
 
+    def _category(self, key) -> _Category:
+        c = self.categories.get(key)
+        if c is None:
+            c = self.categories[key] = _Category()
+        return c
+
+    def _reused(self, key, stamp: int) -> None:
+        c = self._category(key)
+        c.reuses += 1
+        c.reuse_time += self.clock - stamp
+
     def append(self, block) -> None:
-        self.clock += 1
         bid = block.block_id
         self._stamp[bid] = self.clock
         if block.block_hash is None:
-            self._where[bid] = None
+            self._where[bid] = (True, None)
             self._empty[bid] = block
             return
-        key = self.block_class(block)
-        self._where[bid] = key
-        self._classes.setdefault(key, OrderedDict())[bid] = block
-        if key not in self.stats:
-            self.stats[key] = _ClassStats()
-
-    def _end(self, key: tuple, bid: int, reused: bool) -> None:
-        stats, b = self.stats[key], _bin(self.clock - self._stamp[bid])
-        stats.ended[b] += 1
-        stats.reused[b] += reused
-        stats.dirty = True
+        key = block.request_class
+        self._where[bid] = (False, key)
+        self._queues.setdefault(key, OrderedDict())[bid] = block
+        self._category(key)
 
     def remove(self, block) -> None:
+        """A prefix hit on a free block: a reuse."""
         bid = block.block_id
         if bid not in self._where:
             raise AssertionError(f"{block} is not in the free queue")
-        key = self._where.pop(bid)
-        if key is None:
+        empty, key = self._where.pop(bid)
+        stamp = self._stamp.pop(bid)
+        if empty:
             del self._empty[bid]
         else:
-            del self._classes[key][bid]
-            self._end(key, bid, reused=True)  # a hit on a free block: a reuse
-        del self._stamp[bid]
+            del self._queues[key][bid]
+            self._reused(key, stamp)
+
+    def cached(self, block) -> None:
+        """The pool cached a block: if this queue evicted its hash, that was a reuse it missed."""
+        ghost = self._ghosts.pop(block.block_hash, None)
+        if ghost is not None:
+            self._reused(*ghost)
+
+    def _evicted(self, block, key, stamp: int) -> None:
+        age = self.clock - stamp
+        self.life = age if self.life == 0.0 else self.life + LIFE_WEIGHT * (age - self.life)
+        self._ghosts[block.block_hash] = (key, stamp)
+        self._ghosts.move_to_end(block.block_hash)
+        if len(self._ghosts) > self._max_ghosts:
+            _, (old_key, _) = self._ghosts.popitem(last=False)
+            self._category(old_key).unreused += 1
 
     def popleft(self):
+        self.clock += 1
         if self._empty:
             bid, block = self._empty.popitem(last=False)
             del self._where[bid], self._stamp[bid]
             return block
         best = None
-        for key, queue in self._classes.items():
+        life = max(self.life, 1.0)
+        for key, queue in self._queues.items():
             if not queue:
                 continue
-            bid = next(iter(queue))
-            rank = (self.stats[key].probability(self.clock - self._stamp[bid]), self._stamp[bid])
+            bid, block = next(iter(queue.items()))
+            stamp = self._stamp[bid]
+            rank = (self.categories[key].log_reuse_prob(self.clock - stamp, life), -block.depth, stamp)
             if best is None or rank < best[0]:
                 best = (rank, key, bid)
         if best is None:
             raise ValueError("no free blocks")
         _, key, bid = best
-        block = self._classes[key].pop(bid)
-        self._end(key, bid, reused=False)
-        del self._where[bid], self._stamp[bid]
+        block = self._queues[key].pop(bid)
+        del self._where[bid]
+        self._evicted(block, key, self._stamp.pop(bid))
         return block
 
     def __iter__(self):
-        blocks = [*self._empty.values()] + [b for q in self._classes.values() for b in q.values()]
+        blocks = [*self._empty.values()] + [b for q in self._queues.values() for b in q.values()]
         return iter(sorted(blocks, key=lambda b: self._stamp[b.block_id]))  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
