@@ -210,7 +210,7 @@ class BlockPool:
         """cache_block(blocks[i], hashes[i], i, request_class) for i in [start, end), in order."""
         if not self.enable_caching:
             return
-        hash_to_block, logged = self.hash_to_block, []
+        hash_to_block, logged, note = self.hash_to_block, [], self._note_cached
         for i in range(start, end):
             block = blocks[i]
             if block.block_hash is not None:
@@ -219,6 +219,8 @@ class BlockPool:
             block.block_hash = block_hash
             block.depth = i
             block.request_class = request_class
+            if note is not None:
+                note(block)
             logged.append(block_hash)
             first = hash_to_block.setdefault(block_hash, block)
             if first is not block:

@@ -190,3 +190,20 @@ def test_the_kv_manager_labels_cached_blocks_with_the_request_class():
     kv.free(r)
     labelled = [b for b in kv.pool.blocks if b.block_hash is not None]
     assert len(labelled) == 2 and all(b.request_class == 3 for b in labelled)
+
+
+def test_the_kv_manager_reports_a_recomputed_evicted_prefix_as_a_reuse():
+    kv = KVCacheManager(2, 2, True, eviction="workload")
+
+    def run(rid, prompt):
+        r = Request(rid, prompt, SamplingParams(extra_args={"request_class": 0}))
+        blocks, cached = kv.get_computed_blocks(r)
+        assert kv.allocate_slots(r, len(prompt) - cached, blocks) is not None
+        r.num_computed_tokens = len(prompt)
+        kv.free(r)
+
+    run("a", [1, 2, 3])  # caches one full block
+    run("b", [7, 8, 9, 10])  # needs both blocks: evicts a's
+    assert kv.pool.free_queue.categories[0].reuses == 0
+    run("a2", [1, 2, 3])  # a's block is computed and cached again
+    assert kv.pool.free_queue.categories[0].reuses == 1
