@@ -131,7 +131,11 @@ class Study:
 
     def cell(self, cell: Cell, overrides: list[str], offered_rate: float | None) -> list[dict]:
         rows = [self.real(cell, overrides, i) for i in range(self.args.repeats)]
-        rows += [self.sim(cell, overrides, name) for name in self.args.cost_models]
+        if not self.args.sims_last:
+            rows += [self.sim(cell, overrides, name) for name in self.args.cost_models]
+        return self.record(cell, offered_rate, rows)
+
+    def record(self, cell: Cell, offered_rate: float | None, rows: list[dict]) -> list[dict]:
         keep = ("side", "repeat", "cost_model", "probe_s", "drift", *report.METRICS, "completed", "duration")
         out = [
             {
@@ -150,10 +154,12 @@ class Study:
 
     def trace(self, trace: str) -> None:
         closed, open_ = cells(trace, self.args.concurrency, self.args.loads, self.args.scale)
+        done: list[tuple[Cell, list[str], float | None]] = []
         top = []
         for c in closed:
             rows = self.cell(c, c.overrides(), None)
             top = [r["request_throughput"] for r in rows if r["side"] == "real"]
+            done.append((c, c.overrides(), None))
         capacity = sum(top) / len(top)
         self.log(f"{trace}: capacity {capacity:.3g} req/s (real, closed loop c={closed[-1].level:g})")
         native = None
@@ -162,6 +168,10 @@ class Study:
             native = native_rate(cfg, self.engine)
         for c in open_:
             self.cell(c, c.overrides(capacity, native), c.level * capacity)
+            done.append((c, c.overrides(capacity, native), c.level * capacity))
+        if self.args.sims_last:  # every real run but the first followed a real run
+            for c, overrides, rate in done:
+                self.record(c, rate, [self.sim(c, overrides, name) for name in self.args.cost_models])
 
     def write(self) -> None:
         out = self.args.out
@@ -208,6 +218,12 @@ def parse(argv):
     p.add_argument("--cost-models", nargs="+", default=list(COST_MODELS), choices=COST_MODELS)
     p.add_argument("--probe-repeats", type=int, default=3)
     p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment that defines the knee")
+    p.add_argument(
+        "--sims-last",
+        action="store_true",
+        help="simulate a trace's cells after all its real runs (default: each cell's after its real runs), so "
+        "no real run follows simulations: an A/B of the real engine's speed after either",
+    )
     args, overrides = p.parse_known_args(argv)
     if args.repeats < 2:
         p.error("--repeats must be >= 2: a real figure needs an interval")

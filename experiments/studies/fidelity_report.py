@@ -79,7 +79,7 @@ def figures(runs: pd.DataFrame) -> pd.DataFrame:
                         "probe_drift_max": float(np.nanmax(np.abs(drift))) if len(drift) else math.nan,
                     }
                 )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(rows[0]) if rows else ["cell", "cost_model", "metric"])
 
 
 def knee(rates, attainments, attainment: float = 0.9) -> tuple[float, bool]:
@@ -200,6 +200,8 @@ def summary_markdown(
     from experiments.environment import markdown_table
 
     lines = [header, ""]
+    if not len(figs):  # --sims-last: real runs written before any simulation
+        lines += ["No cell simulated yet: every run so far is in runs.csv.", ""]
     shown = [m for m in METRICS if m in TARGETS or m in ("request_throughput", "request_goodput")]
     for cost_model, g in figs.groupby("cost_model", sort=False):
         lines += [
@@ -219,7 +221,7 @@ def summary_markdown(
             body.append([cell, *cells, _pct(by["probe_drift_mean"].iloc[0])])
         lines += [markdown_table(["cell", *shown, "probe drift"], body), ""]
     real = figs.drop_duplicates(["cell", "metric"])
-    lines += ["### Real figures: mean [95% interval] over repeats", ""]
+    lines += ["### Real figures: mean [95% interval] over repeats", ""] if len(real) else []
     body = []
     for cell, c in real.groupby("cell", sort=False):
         by = c.set_index("metric")
@@ -230,7 +232,7 @@ def summary_markdown(
                 for m in shown
             ]
         )
-    lines += [markdown_table(["cell", "n", *shown], body), ""]
+    lines += [markdown_table(["cell", "n", *shown], body), ""] if body else []
     if len(knee_table):
         lines += ["### Capacity knee (highest rate meeting the SLO for the attainment shown), req/s", ""]
         lines += [

@@ -138,3 +138,37 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert "per real repeat" in summary and "Calibration: profile dated" in summary
     assert (out / "runs" / "azure_open_50pct" / "real1" / "requests.parquet").exists()
     assert (out / "runs" / "azure_open_50pct" / "sim-operators" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("sims_last", [False, True])
+def test_order_of_real_runs_and_simulations(tmp_path, profile, monkeypatch, sims_last):
+    """Default: each cell's simulations right after its real runs (repeat 0 of the next cell follows them).
+    --sims-last: a trace's simulations after all its real runs, with the same rows recorded per cell."""
+    order = []
+
+    def run(side):
+        def record(self, cell, overrides, arg):
+            order.append((side, cell.name))
+            row = {m: 1.0 for m in fidelity.report.METRICS}
+            return {**row, "side": side, "repeat": arg if side == "real" else None, "cost_model": arg, "drift": 0.0}
+
+        return record
+
+    monkeypatch.setattr(fidelity.Study, "real", run("real"))
+    monkeypatch.setattr(fidelity.Study, "sim", run("sim"))
+    flags = f"--profile {profile} --out {tmp_path} --repeats 2 --concurrency 4 16 --loads 0.5"
+    args, overrides = fidelity.parse([*flags.split(), *(["--sims-last"] if sims_last else [])])
+    fidelity.Study(args, overrides).trace("synthetic")
+    cells = ["synthetic_closed_c4", "synthetic_closed_c16", "synthetic_open_50pct"]
+    real = [("real", c) for c in cells for _ in range(2)]
+    sims = [("sim", c) for c in cells for _ in range(2)]
+    if sims_last:
+        assert order == real + sims
+    else:
+        assert order == [x for c in cells for x in [("real", c)] * 2 + [("sim", c)] * 2]
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert sorted(zip(runs["cell"], runs["side"])) == sorted((c, s) for s, c in real + sims)
+    assert runs[runs["cell"] == "synthetic_open_50pct"]["offered_rate"].eq(0.5).all()  # capacity 1.0 req/s
+    summary = (tmp_path / "summary.md").read_text()
+    assert "executor.cost_model=operators (SIMULATED)" in summary and "Real figures" in summary
+    assert len(pd.read_csv(tmp_path / "figures.csv")) == len(cells) * 2 * len(fidelity.report.METRICS)
