@@ -145,37 +145,50 @@ def step_row(stats) -> dict:
     return row
 
 
-def _repeated(value, k: int) -> np.ndarray:
-    """An object column holding the same object k times (nobody writes into a step row's lists)."""
-    column = np.empty(k, dtype=object)
-    column.fill(value)
-    return column
+def runs_columns(runs: list) -> dict[str, np.ndarray]:
+    """Decode runs' rows (testbed.step_stats.StepRun), all runs one after the other, as column arrays equal
+    to step_row of each step up to the cache's (kv_columns): the same numbers, in the dtypes pandas gives
+    their Python values; list columns hold each run's own lists (nobody writes into a step row's)."""
+    lengths = np.array([len(run) for run in runs], dtype=np.int64)
+    firsts = np.cumsum(lengths) - lengths  # where each run starts in the columns
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(firsts, lengths)
+    starts = np.array([t for run in runs for t in run.start_times], dtype=np.float64)
+    ends = np.array([t for run in runs for t in run.end_times], dtype=np.float64)
+    grammar = np.zeros(len(starts))
+    grammar[firsts] = [run.grammar_time_s for run in runs]  # the first step's
 
+    def each(values, dtype=np.int64) -> np.ndarray:
+        """One value per run, on each of its steps."""
+        per_run = np.empty(len(runs), dtype=dtype)
+        per_run[:] = values if dtype is not object else _objects(values)
+        return np.repeat(per_run, lengths)
 
-def run_columns(run) -> dict[str, np.ndarray]:
-    """A decode run's rows (testbed.step_stats.StepRun) as column arrays, equal to step_row of each step up
-    to the cache's (kv_columns): the same numbers in the dtypes pandas gives their Python values."""
-    k, n = len(run), run.num_seqs
-    starts = np.array(run.start_times, dtype=np.float64)
-    grammar = np.zeros(k)
-    grammar[0] = run.grammar_time_s
+    seqs = each([run.num_seqs for run in runs])
     empty: list = []
     return {
-        "step": np.arange(run.first_step, run.first_step + k, dtype=np.int64),
+        "step": each([run.first_step for run in runs]) + within,
         "start_time": starts,
-        "duration_s": np.array(run.end_times, dtype=np.float64) - starts,  # end - start, as StepStats'
-        "num_seqs": np.full(k, n, dtype=np.int64),
-        "num_prefill_tokens": np.zeros(k, dtype=np.int64),
-        "num_decode_tokens": np.full(k, n, dtype=np.int64),
-        "num_preempted": np.zeros(k, dtype=np.int64),
-        "num_waiting": np.full(k, run.num_waiting, dtype=np.int64),
-        "num_running": np.full(k, n, dtype=np.int64),
+        "duration_s": ends - starts,  # end - start, as StepStats'
+        "num_seqs": seqs,
+        "num_prefill_tokens": np.zeros(len(starts), dtype=np.int64),
+        "num_decode_tokens": seqs,
+        "num_preempted": np.zeros(len(starts), dtype=np.int64),
+        "num_waiting": each([run.num_waiting for run in runs]),
+        "num_running": seqs,
         "grammar_time_s": grammar,
-        "scheduled_ids": _repeated(run.scheduled_ids, k),
-        "scheduled_tokens": _repeated(run.scheduled_tokens, k),
-        "prefill_ids": _repeated(empty, k),
-        "preempted_ids": _repeated(empty, k),
+        "scheduled_ids": each([run.scheduled_ids for run in runs], object),
+        "scheduled_tokens": each([run.scheduled_tokens for run in runs], object),
+        "prefill_ids": each([empty] * len(runs), object),
+        "preempted_ids": each([empty] * len(runs), object),
     }
+
+
+def _objects(values: list) -> np.ndarray:
+    """An object array of these values as they are (one by one: a list of lists would become 2-D)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
 
 
 KV_PARTS = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_slots", "internal_slots")
@@ -219,73 +232,52 @@ def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
 
 
 def _fits(values: list, kind: np.dtype) -> bool:
-    """Python ints within int64 (pandas would give a larger one another dtype); any float."""
-    return kind != np.dtype(np.int64) or not values or (min(values) >= -(2**63) and max(values) < 2**63)
-
-
-def _column(parts: list) -> np.ndarray | list:
-    """One steps-table column from its parts (arrays from runs, lists of row values): an array of the
-    runs' dtype where the row values are Python numbers pandas would give that dtype too (ints for int64,
-    floats for float64; objects for objects), else the values as one list (pandas infers the dtype)."""
-    kinds = {part.dtype for part in parts if isinstance(part, np.ndarray)}
-    if len(kinds) == 1:
-        (kind,) = kinds
-        fits = {np.dtype(np.int64): {int}, np.dtype(np.float64): {float}}.get(kind)
-        arrays = []
-        for part in parts:
-            if isinstance(part, np.ndarray):
-                arrays.append(part)
-            elif kind == np.dtype(object):
-                column = np.empty(len(part), dtype=object)
-                for i, value in enumerate(part):  # one by one: a list of lists would become a 2-D array
-                    column[i] = value
-                arrays.append(column)
-            elif fits is not None and set(map(type, part)) <= fits and _fits(part, kind):
-                arrays.append(np.array(part, dtype=kind))
-            else:
-                break
-        else:
-            return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-    out: list = []
-    for part in parts:
-        out += part.tolist() if isinstance(part, np.ndarray) and part.dtype != object else list(part)
-    return out
+    """Row values pandas would give this dtype too: Python ints within int64 (int64), floats (float64)."""
+    if kind == np.dtype(np.int64):
+        return set(map(type, values)) <= {int} and (not values or (min(values) >= -(2**63) and max(values) < 2**63))
+    return kind == np.dtype(np.float64) and set(map(type, values)) <= {float}
 
 
 def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, np.ndarray | list] | None:
     """The steps table's columns from step rows and decode runs kept whole (each before which row); None
-    where they do not all have the same columns in the same order (the caller then makes every row)."""
+    where they do not all have the same columns in the same order (the caller then makes every row). A
+    column is an array of the runs' dtype where the rows' values fit it (_fits; any value for a list
+    column), else one list of every value (pandas infers its dtype, as from rows)."""
+    if any(type(run.grammar_time_s) is not float for _, run in runs):
+        return None  # runs_columns makes that column float64
     kv = kv_columns([stats for _, run in runs for stats in run.kv])  # every run's at once
     if kv is None:
         return None
-    parts: list = []
-    at = offset = 0
-    for position, run in runs:
-        if position > at:
-            parts.append(rows[at:position])
-            at = position
-        columns: dict = run_columns(run)
-        end = offset + len(run)
-        columns.update((key, values[offset:end]) for key, values in kv.items())
-        offset = end
-        parts.append(columns)
-    if at < len(rows):
-        parts.append(rows[at:])
-    first = parts[0]
-    keys = list(first if isinstance(first, dict) else first[0])
-    pieces: dict[str, list] = {key: [] for key in keys}
-    for part in parts:
-        if isinstance(part, dict):
-            if list(part) != keys:
-                return None
-            for key in keys:
-                pieces[key].append(part[key])
+    columns: dict = runs_columns([run for _, run in runs])
+    columns.update(kv)
+    keys = list(columns)
+    if rows and (list(rows[0]) != keys or any(list(row) != keys for row in rows)):
+        return None
+    # where each row and each run's steps go: a run comes before the row at its position
+    positions = np.array([position for position, _ in runs], dtype=np.int64)
+    lengths = np.array([len(run) for _, run in runs], dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(lengths)])  # run steps before run i
+    row_at = np.arange(len(rows), dtype=np.int64)
+    row_at += before[np.searchsorted(positions, row_at, side="right")]
+    run_at = np.repeat(positions + before[:-1], lengths) + (
+        np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(before[:-1], lengths)
+    )
+    total = len(rows) + int(lengths.sum())
+    out: dict[str, np.ndarray | list] = {}
+    for key in keys:
+        values = columns[key]
+        row_values = [row[key] for row in rows]
+        if values.dtype == np.dtype(object) or _fits(row_values, values.dtype):
+            column = np.empty(total, dtype=values.dtype)
+            column[run_at] = values
+            column[row_at] = _objects(row_values) if values.dtype == np.dtype(object) else row_values
+            out[key] = column
         else:
-            if any(list(row) != keys for row in part):
-                return None
-            for key in keys:
-                pieces[key].append([row[key] for row in part])
-    return {key: _column(pieces[key]) for key in keys}
+            mixed = np.empty(total, dtype=object)
+            mixed[run_at] = _objects(values.tolist())
+            mixed[row_at] = _objects(row_values)
+            out[key] = mixed.tolist()
+    return out
 
 
 class Recorder:

@@ -1,41 +1,66 @@
-"""The steps table's columns made from arrays (decode runs) and row values: the dtype and values pandas
-gives the same values as one Python list, whatever the rows hold."""
+"""The steps table made from decode runs' column arrays and step rows equals the table of every row
+(Recorder.steps), dtypes included, wherever the runs fall among the rows and whatever the rows hold."""
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.recorder import _column
+from experiments.recorder import Recorder
+from testbed.core.allocators.base import KVCacheStats
+from testbed.step_stats import StepRun, StepStats, kv_compact
 
 
-def as_list(parts) -> list:
-    out: list = []
-    for part in parts:
-        out += part.tolist() if isinstance(part, np.ndarray) and part.dtype != object else list(part)
-    return out
+def kv(used: int) -> KVCacheStats:
+    return KVCacheStats(100, 16, used, used * 16 - 3, 3, 2, 100 - used, used * 16 - 3, 1, 2, 0, (100 - used) * 16)
 
 
-def runs_of(value, k: int) -> np.ndarray:
-    column = np.empty(k, dtype=object)
-    column.fill(value)
-    return column
+def row(step: int, **changes) -> StepStats:
+    fields = dict(
+        step=step,
+        start_time=step * 0.5,
+        duration_s=0.25,
+        num_seqs=2,
+        num_prefill_tokens=30,
+        num_decode_tokens=1,
+        num_preempted=0,
+        num_waiting=1,
+        num_running=2,
+        kv=kv(step % 7 + 1),
+        grammar_time_s=0.0,
+        scheduled_ids=["a", "b"],
+        scheduled_tokens=[30, 1],
+        prefill_ids=["a"],
+    )
+    return StepStats(**(fields | changes))
+
+
+def run(first: int, k: int) -> StepRun:
+    starts = [first * 0.5 + 0.1 * j for j in range(k)]
+    ends = [t + 0.075 for t in starts]
+    return StepRun(first, starts, ends, [kv_compact(kv(j % 5 + 1)) for j in range(k)], 3, ["a", "b", "c"], 0.125)
 
 
 @pytest.mark.parametrize(
-    "parts",
+    "layout,changes",
     [
-        [[1, 2], np.arange(3, 6, dtype=np.int64), [7]],  # ints: one int64 array
-        [[0.5], np.array([1.5, 2.5]), [3.0, 4.25]],  # floats
-        [[0.0, 1], np.array([1.5])],  # an int among floats: pandas' own inference
-        [[True], np.arange(2, dtype=np.int64)],  # a bool is not an int64 row value
-        [[2**63], np.arange(2, dtype=np.int64)],  # beyond int64
-        [[None, 3], np.arange(2, dtype=np.int64)],  # a missing value
-        [[["a", "b"], []], runs_of(["c"], 3), [["d"]]],  # list columns stay lists
-        [np.arange(4, dtype=np.int64)],
+        ("RrRrrRR", {}),  # runs first, between rows, consecutive, last
+        ("rRr", {}),
+        ("RR", {}),
+        ("rRrr", {"grammar_time_s": 0}),  # an int among a float column's values: one list, pandas infers
+        ("Rr", {"num_waiting": 2**64}),  # beyond int64
+        ("RRr", {"num_preempted": None}),  # a missing value
     ],
 )
-def test_columns_equal_pandas_on_the_list(parts):
-    expected = pd.Series(as_list(parts))
-    got = pd.Series(_column(parts))
-    assert got.dtype == expected.dtype
-    assert got.equals(expected)
+def test_columns_equal_rows(layout, changes):
+    recorder, step = Recorder(), 1
+    for i, kind in enumerate(layout):
+        if kind == "R":
+            r = run(step, 3 + i)
+            recorder.on_run(r)
+        else:
+            recorder.on_step(row(step, **(changes if i == len(layout) - 1 else {})))
+        step += len(r) if kind == "R" else 1
+    columns = recorder.steps_frame()
+    rows = pd.DataFrame(recorder.steps)
+    assert not recorder._runs and len(rows) == step - 1
+    assert list(columns.dtypes) == list(rows.dtypes)
+    assert columns.equals(rows)
