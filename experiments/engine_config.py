@@ -29,10 +29,10 @@ from testbed.executor_kinds import executor_kind
 HOST_TIER = "host_tier_"  # cache.host_tier_<field>: the cache's HostTierConfig
 
 
-def _keys(group: type, *, only: tuple = (), skip: tuple = ()) -> dict[str, str]:
-    """A config group's keys that are fields of the library's group dataclass: key -> its field."""
-    names = [f.name for f in dataclasses.fields(group) if f.name not in skip]
-    return {name: name for name in names if not only or name in only}
+def _keys(group: type, *, skip: tuple = ()) -> dict[str, str]:
+    """A config group's keys that are fields of the library's group dataclass: key -> its field (the group's
+    schema, experiments/conf/schema.py, is derived from the same dataclass)."""
+    return {f.name: f.name for f in dataclasses.fields(group) if f.name not in skip}
 
 
 # config group -> {key: "engine field.group field", or None: read by no engine setting (a note says by what)}
@@ -40,7 +40,7 @@ GROUP_FIELDS: dict[str, dict[str, str | None]] = {
     "model": {"name": "model.name", "hf_config": "model.hf_config"},
     "kernel": {"name": "executor.kernel"},
     "scheduler": {
-        **{k: f"scheduler.{f}" for k, f in _keys(SchedulerConfig, skip=("async_scheduling",)).items()},
+        **{k: f"scheduler.{f}" for k, f in _keys(SchedulerConfig).items()},
         "preemption_mode": None,  # the policy's default for cache.preemption_mode (conf/cache/*.yaml read it)
     },
     "cache": {

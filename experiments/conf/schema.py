@@ -1,131 +1,120 @@
 """Typed schemas of the config groups, registered in Hydra's ConfigStore (as `schema/<group>/<kind>`): each
-option's yaml lists its schema first in its defaults (`/schema/cache/paged@_here_`), so a value of the
+option's yaml lists its schema first in its defaults (`/schema/cache@_here_: paged`), so a value of the
 wrong type (`cache.block_size=abc`) is refused at compose time, naming the key, before any setting is
 built. The schemas declare keys and types only: the yaml files hold the defaults, and ranges and names
 are checked where the settings are built (experiments.settings).
 
-Fields mirror each option's keys exactly (a schema field the yaml lacks would add a key to the composed
-config). Numbers a yaml writes as an int but a user may give as a float (seconds) are `Any`: OmegaConf has
-no numeric union, and a float field would turn 30 into 30.0 in every recorded config. The trace group has
-no schema: its documented value forms are replaced whole (`~trace.prompt_len +trace.prompt_len={...}`),
-which a structured config refuses (no deletion); its loaders refuse unknown keys and bad values by name.
-The device, link and model groups are the library's spec sheets (testbed/specs, read without Hydra too):
-DeviceSpec, LinkSpec and the model's config type them when the run is built.
+The engine's groups are derived from the library's own group dataclasses (testbed.config: CacheConfig,
+SchedulerConfig, ExecutorConfig with SimConfig, ParallelConfig, SpeculativeConfig), so a field added there
+is a typed key here (and in the yaml, which gives its documented default). Fields mirror each option's keys
+exactly, in the yaml's order (a schema field the yaml lacks would add a key to the recorded config).
+OmegaConf has no unions but Optional: a field typed `str | dict` (a link's name or values) or `int | float`
+(seconds a yaml writes as an int: a float field would turn 120 into 120.0 in every recorded config) is
+`Any` here. A nested group dataclass is spread as prefixed keys (cache.host_tier -> host_tier_gb, ...).
+
+The trace group has no schema: its documented value forms are replaced whole (`~trace.prompt_len
++trace.prompt_len={...}`), which a structured config refuses (no deletion); its loaders refuse unknown keys
+and bad values by name. The device, link and model groups are the library's spec sheets (testbed/specs,
+read without Hydra too): DeviceSpec, LinkSpec and the model's config type them when the run is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING  # a name: the option's yaml gives it
 
+from testbed.config import CacheConfig, ExecutorConfig, ParallelConfig, SchedulerConfig, SimConfig, SpeculativeConfig
 
-@dataclass
-class CacheSchema:
-    """cache=static_*: a contiguous allocator (testbed.core.allocators)."""
-
-    name: str = MISSING
-    block_size: int = 16
-    num_blocks: int | None = None
-    memory_gb: float = 1.0
-    gpu_memory_utilization: float = 0.9
-    prefix_caching: bool = True
-    eviction: str = "lru"
-    preemption_mode: str = "recompute"
-    swap_space_gb: float = 1.0
-    num_cpu_blocks: int | None = None
+SchemaField = tuple[str, Any, Any]  # (key, OmegaConf type, dataclasses.field with the default)
 
 
-@dataclass
-class PagedCacheSchema:
-    """cache=paged: a KV dtype and the host-memory tier beside CacheSchema's keys (fields in the yaml's order:
-    it is the recorded config's)."""
-
-    name: str = MISSING
-    block_size: int = 16
-    num_blocks: int | None = None
-    memory_gb: float = 1.0
-    dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    prefix_caching: bool = True
-    eviction: str = "lru"
-    preemption_mode: str = "recompute"
-    swap_space_gb: float = 1.0
-    num_cpu_blocks: int | None = None
-    host_tier_gb: float | None = None
-    host_tier_blocks: int | None = None
-    host_tier_write: str = "back"
-    host_tier_link: Any = "pcie-gen5"  # a link spec name, or its values inline ({name, bandwidth_gbs, ...})
+def fields_of(cls: type, *keys: str, skip: tuple = ()) -> list[SchemaField]:
+    """The schema fields of dataclass cls's fields `keys` (all but `skip` when none are named), in cls's
+    order; a field that is itself a dataclass spread as `<name>_<its field>` keys."""
+    hints = typing.get_type_hints(cls)
+    out: list[SchemaField] = []
+    for f in dataclasses.fields(cls):
+        if (keys and f.name not in keys) or f.name in skip:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += [(f"{f.name}_{key}", kind, default) for key, kind, default in fields_of(hints[f.name])]
+        else:
+            out.append((f.name, omegaconf_type(hints[f.name]), _default(f)))
+    missing = set(keys) - {f.name for f in dataclasses.fields(cls)}
+    assert not missing, f"{cls.__name__} has no fields {sorted(missing)}"
+    return out
 
 
-@dataclass
-class SchedulerSchema:
-    name: str = MISSING
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    enable_chunked_prefill: bool = True
-    options: dict[str, Any] = field(default_factory=dict)  # the policy's own: checked against its signature
+def omegaconf_type(annotation) -> Any:
+    """The annotation as OmegaConf types it: Optional of one type; any other union is Any."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(options) > 1:
+            return Any
+        inner = omegaconf_type(options[0])
+        return Any if inner is Any else Optional[inner]  # noqa: UP045 (OmegaConf reads typing.Optional)
+    if annotation is dict or typing.get_origin(annotation) is dict:
+        return dict[str, Any]
+    if annotation in (int, float, bool, str) or typing.get_origin(annotation) is list:
+        return annotation
+    return Any
 
 
-@dataclass
-class PreemptingSchedulerSchema:
-    """A policy that sets the cache's default preemption mode (scheduler=mlfq: swap)."""
-
-    name: str = MISSING
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    options: dict[str, Any] = field(default_factory=dict)
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return field(default_factory=f.default_factory)
+    return field(default=f.default)
 
 
-@dataclass
-class ExecutorSchema:
-    name: str = MISSING
+def schema(name: str, *parts: list[SchemaField]) -> type:
+    """A dataclass of these fields, named `name` in this module (where pickle finds it: multirun launchers)."""
+    cls = dataclasses.make_dataclass(name, [entry for part in parts for entry in part])
+    cls.__module__ = __name__
+    return cls
 
 
-@dataclass
-class NullExecutorSchema(ExecutorSchema):
-    step_time_s: float = 0.0
+def _insert(fields: list[SchemaField], before: str, *new: SchemaField) -> list[SchemaField]:
+    at = [key for key, _, _ in fields].index(before)
+    return [*fields[:at], *new, *fields[at:]]
 
 
-@dataclass
-class SimExecutorSchema(ExecutorSchema):
-    cost_model: str = "roofline"
-    profile: str | None = None
-    run: str | None = None
-    spec_acceptance: float = 0.7
-    allow_extrapolation: bool = False
-    seed: int = 0
-    tp_link: Any = None  # the parallel group's link: a spec sheet's values
-    skip_steps: bool = True
-
-
-@dataclass
-class SpecSchema:
-    method: str = MISSING
-
-
-@dataclass
-class LayerSkipSpecSchema(SpecSchema):
-    num_speculative_tokens: int = 2
-    num_layers: int = 24
-
-
-@dataclass
-class DraftSpecSchema(SpecSchema):
-    num_speculative_tokens: int = 2
-    model: str = "smollm2-135m"
-    num_layers: int = 24
-
-
-@dataclass
-class NgramSpecSchema(SpecSchema):
-    num_speculative_tokens: int = 4
-    prompt_lookup_max: int = 3
-    prompt_lookup_min: int = 1
+# cache=paged: every CacheConfig field; cache=static_*: the contiguous allocators take no KV dtype or host tier
+PagedCacheSchema = schema("PagedCacheSchema", fields_of(CacheConfig))
+CacheSchema = schema("CacheSchema", fields_of(CacheConfig, skip=("dtype", "host_tier")))
+# async_scheduling is the library's (LLM(async_scheduling=...)); a run takes the executor kind's default
+_SCHEDULER = fields_of(SchedulerConfig, skip=("async_scheduling",))
+SchedulerSchema = schema("SchedulerSchema", _SCHEDULER)
+# a policy that sets the cache's default preemption mode (scheduler=mlfq: swap; conf/cache/*.yaml read it)
+PreemptingSchedulerSchema = schema(
+    "PreemptingSchedulerSchema", _insert(_SCHEDULER, "options", *fields_of(CacheConfig, "preemption_mode"))
+)
+# executor=real's own settings (CUDA graphs) are the library's; host: its step time; sim: SimConfig's fields,
+# the device being the device group's sheet (a user's cost model takes +executor.cost_model_options={...})
+ExecutorSchema = schema("ExecutorSchema", fields_of(ExecutorConfig, "name"))
+NullExecutorSchema = schema("NullExecutorSchema", fields_of(ExecutorConfig, "name", "step_time_s"))
+SimExecutorSchema = schema(
+    "SimExecutorSchema", fields_of(ExecutorConfig, "name"), fields_of(SimConfig, skip=("device", "cost_model_options"))
+)
+# per method, the SpeculativeConfig fields it reads (a user's method takes +spec.options={...})
+SpecSchema = schema("SpecSchema", fields_of(SpeculativeConfig, "method"))
+LayerSkipSpecSchema = schema(
+    "LayerSkipSpecSchema", fields_of(SpeculativeConfig, "method", "num_speculative_tokens", "num_layers")
+)
+DraftSpecSchema = schema(
+    "DraftSpecSchema", fields_of(SpeculativeConfig, "method", "num_speculative_tokens", "model", "num_layers")
+)
+NgramSpecSchema = schema(
+    "NgramSpecSchema",
+    fields_of(SpeculativeConfig, "method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"),
+)
+# the link the simulator prices TP's collectives over (the link group, composed here), then ParallelConfig
+ParallelSchema = schema("ParallelSchema", [("link", Any, field(default=None))], fields_of(ParallelConfig))
 
 
 @dataclass
@@ -181,13 +170,6 @@ class ServerSchema:
     tokenizer_threads: int = 2
     tool_parser: str | None = "hermes"
     json_max_whitespace: int | None = 16
-
-
-@dataclass
-class ParallelSchema:
-    link: Any = None  # a link spec sheet's values (the link group, composed here)
-    tensor_parallel_size: int = 1
-    timeout_s: Any = 120  # seconds, int or float
 
 
 @dataclass

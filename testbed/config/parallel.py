@@ -11,7 +11,8 @@ from testbed.typecheck import check_field_types
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks one model is split over (testbed.parallel); KV budgets are per rank
-    timeout_s: float = flat("distributed_timeout_s", 120.0)  # a collective not done by then fails the engine
+    # a collective not done by then fails the engine (dead or hung rank); seconds, an int stays an int
+    timeout_s: int | float = flat("distributed_timeout_s", 120)
 
     def __post_init__(self):
         check_field_types(self)

@@ -38,7 +38,7 @@ class HostTierConfig:
     gb: float | None = None  # host memory for the tier; None: `blocks` or off
     blocks: int | None = None  # overrides gb when set
     write: str = "back"  # back | through (see above)
-    link: str = "pcie-gen5"  # what the simulator prices copies with (conf/link/NAME.yaml)
+    link: str | dict = "pcie-gen5"  # what the simulator prices copies with: a link's name or its values
 
     def __post_init__(self):
         if self.write not in WRITE_POLICIES:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -123,3 +124,36 @@ def test_schemas_declare_only_keys_the_settings_read():
         for schema in schemas.values():
             fields = {f.name for f in dataclasses.fields(schema)}
             assert fields <= reads[group], f"{schema.__name__}: {sorted(fields - reads[group])} read by nothing"
+
+
+def test_engine_schemas_are_derived_from_the_library_groups():
+    """The engine groups' schemas are the library's group dataclasses (testbed.config): their keys, order and
+    types, so a field added there is a typed key here (and mapped by experiments.engine_config)."""
+    from experiments.conf.schema import fields_of, omegaconf_type
+    from experiments.engine_config import GROUP_FIELDS
+    from testbed.config import CacheConfig, HostTierConfig, ParallelConfig, SchedulerConfig, SimConfig
+
+    def keys(schema):
+        return [f.name for f in dataclasses.fields(schema)]
+
+    cache = [f.name for f in dataclasses.fields(CacheConfig) if f.name != "host_tier"]
+    host_tier = [f"host_tier_{f.name}" for f in dataclasses.fields(HostTierConfig)]
+    assert keys(SCHEMAS["cache"]["paged"]) == cache + host_tier
+    assert keys(SCHEMAS["cache"]["static"]) == [k for k in cache if k != "dtype"]
+    scheduler = [f.name for f in dataclasses.fields(SchedulerConfig) if f.name != "async_scheduling"]
+    assert keys(SCHEMAS["scheduler"]["default"]) == scheduler
+    assert keys(SCHEMAS["parallel"]["default"]) == ["link", *(f.name for f in dataclasses.fields(ParallelConfig))]
+    sim = [f.name for f in dataclasses.fields(SimConfig) if f.name not in ("device", "cost_model_options")]
+    assert keys(SCHEMAS["executor"]["sim"]) == ["name", *sim]
+    for group, library in (("cache", CacheConfig), ("scheduler", SchedulerConfig), ("parallel", ParallelConfig)):
+        mapped = set(GROUP_FIELDS[group].values())  # config key -> "group.field" (None: read elsewhere)
+        assert {f"{group}.{f.name}" for f in dataclasses.fields(library) if f.name != "host_tier"} <= mapped
+    types = {f.name: f.type for f in dataclasses.fields(SCHEMAS["cache"]["paged"])}
+    assert types["block_size"] is int and types["num_blocks"] == omegaconf_type(int | None)
+    assert types["host_tier_link"] is Any and types["memory_gb"] is float  # `str | dict`: no union in OmegaConf
+
+    @dataclasses.dataclass
+    class WithKnob(CacheConfig):
+        new_knob: int | None = 3
+
+    assert fields_of(WithKnob)[-1][:2] == ("new_knob", omegaconf_type(int | None))
