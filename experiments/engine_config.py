@@ -94,9 +94,9 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
     if sim is not None:  # its own fields, and the device sheet's, name themselves in its errors
         keys["executor"].update({k: f"executor.{k}" for k in sim if k != "device"})
         keys["executor"].update({k: f"device.{k}" for k in _sheet_keys(sim["device"]) if k != "name"})
-    groups = {name: _built(cls, values[name], keys[name]) for name, cls in GROUPS.items()}
-    spec = _spec_config(cfg)
-    speculative = _built(SpeculativeConfig.from_any, spec or {}, {k: f"spec.{k}" for k in spec or {}})
+    groups = {name: _built(lambda v, cls=cls: cls(**v), values[name], keys[name]) for name, cls in GROUPS.items()}
+    spec = _spec_config(cfg) or {}
+    speculative = _built(SpeculativeConfig.from_any, spec, {k: f"spec.{k}" for k in spec})
     structured = StructuredOutputsConfig.from_any(_plain(cfg.get("structured_outputs")))
     try:
         return EngineConfig(**groups, speculative=speculative, structured_outputs=structured, seed=seed)
@@ -105,9 +105,9 @@ def engine_config_from_cfg(cfg: DictConfig) -> EngineConfig:
 
 
 def _built(make, values: dict, keys: dict) -> Any:
-    """make(**values) (or make(values) for a from_any), its error led by the config key it is about."""
+    """make(values), its error led by the config key it is about."""
     try:
-        return make(values) if not isinstance(make, type) else make(**values)
+        return make(values)
     except (TypeError, ValueError) as e:
         raise type(e)(_named(str(e), keys)) from e
 

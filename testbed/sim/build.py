@@ -82,7 +82,7 @@ def build_sim_executor(
     plan: SimPlan,
     spec,
     token_id: int,
-    speculative_config,
+    speculative,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     copy_cost=None,
@@ -108,10 +108,9 @@ def build_sim_executor(
         cost_model = build_cost_model(sim.cost_model, context, sim.cost_model_options)
     if plan.tensor_parallel_size > 1:
         cost_model = _tensor_parallel(cost_model, plan, spec)
-    spec_config = speculative_config
     speculator = None
-    if spec_config.enabled:
-        speculator = Speculator(spec_config, FixedDraftProposer(token_id), spec.max_model_len)
+    if speculative.enabled:  # a SpeculativeConfig
+        speculator = Speculator(speculative, FixedDraftProposer(token_id), spec.max_model_len)
     recorded = plan.recorded
     executor = SimExecutor(
         cost_model, plan.clock, token_id, speculator, sim.spec_acceptance, sim.seed, recorded, copy_cost
