@@ -8,18 +8,31 @@ as the simulated run itself). `gc.freeze()` moves every object alive now into a 
 collector skips, as serving engines do after start-up (vLLM and Instagram's Django freeze theirs); it
 frees nothing and changes no result. Leaving the block unfreezes them, so a process that lives on (a
 multirun worker, a notebook) collects them as usual.
+
+While frozen, the young generation is collected every YOUNG_THRESHOLD allocations instead of CPython's
+700: a simulated replay allocates steadily (token lists, step records) and frees little of it, so at the
+default every young collection moves survivors up and the older generations' collections follow (in a
+3,000-request simulation: 1,180 young, 106 middle and 8 full collections, ~13% of its CPU; at 50,000:
+~100 young, 8 middle, no full one, measured with gc.callbacks on a loaded machine). Cyclic garbage waits
+at most that many allocations longer; the previous thresholds come back on exit.
 """
 
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+YOUNG_THRESHOLD = 50_000
+
 
 @contextmanager
 def frozen_gc() -> Iterator[None]:
-    """Freeze what is alive on entry (call gc.freeze() again at a later phase boundary); unfreeze on exit."""
+    """Freeze what is alive on entry (call gc.freeze() again at a later phase boundary) and collect the young
+    generation less often; unfreeze and restore the thresholds on exit."""
     gc.freeze()
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], YOUNG_THRESHOLD), *threshold[1:])
     try:
         yield
     finally:
+        gc.set_threshold(*threshold)
         gc.unfreeze()

@@ -12,12 +12,14 @@ the replicas' step counters interleave and W&B needs one increasing step).
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from experiments.cluster.recording import ClusterRecorder, cluster_summary
+from experiments.frozen_gc import frozen_gc
 from experiments.metrics import check_slo
 from experiments.replay import Replay
 from experiments.replay_run import config_value, drive, end_run, run_setup, run_summary, session_tables, write_results
@@ -149,7 +151,9 @@ def replay_cluster(
     replay = (SessionReplay if setup.mode == "sessions" else Replay)(
         cluster, recorder, **options, temperature=setup.replay_cfg.get("temperature", 0.0)
     )
-    with StopSignals() as stops:
+    # the replicas and specs, then the run's records while they are written, out of the garbage
+    # collector's way (experiments.frozen_gc), as for one engine (experiments.runner.replay_specs)
+    with frozen_gc(), StopSignals() as stops:
         try:
             interrupted, error = drive(replay, specs, setup.mode, setup.replay_cfg.get("concurrency"), stops)
         finally:
@@ -159,6 +163,7 @@ def replay_cluster(
         if collect is not None:
             for index, rows in collect().items():
                 recorder.add_step_rows(index, rows)
+        gc.freeze()  # the run's records: alive until written
 
         start = replay.start_time if replay.start_time is not None else cluster.now
         end = replay.end_time if replay.end_time is not None else start
