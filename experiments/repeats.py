@@ -15,6 +15,8 @@ The run folder is a unit: <run dir>/sweep.csv holds its repeats' rows and <run d
 (experiments.aggregate), so `python -m experiments.compare A B` takes two such folders. Each row is also
 appended to the sweep table a single run would use (results.sweep_table, else the folder above), so a
 multirun's table holds every repeat of every job (its callback writes that table's intervals at the end).
+One given repeat (replay.repeat=i set, as experiments.ab runs each in its own process) runs alone, after
+replay.warmup_runs discarded runs of it in the same process.
 """
 
 from __future__ import annotations
@@ -136,6 +138,22 @@ def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
                 _copy_last_row(own, outer)
     ci = write_aggregate(own)
     return {"repeats": len(summaries), "summaries": summaries, "sweep_ci": ci}
+
+
+def run_after_warmup(cfg, run_dir: str | Path, engine=None) -> dict:
+    """One given repeat (replay.repeat set: experiments.ab's runs) after replay.warmup_runs discarded runs of
+    it in this process, in <run dir>/warmup<k>/ (their rows in their own folder); each run a fresh engine
+    (the first warm-up reuses `engine`). Returns the measured run's summary."""
+    from experiments.runner import build_engine, run_trace
+
+    run_dir = Path(run_dir)
+    single = copy.deepcopy(cfg)
+    _set(single, "replay.warmup_runs", 0)
+    for k in range(warmup_count(cfg)):
+        c = copy.deepcopy(single)
+        _set(c, "results.sweep_table", str(run_dir / f"warmup{k}" / SWEEP_TABLE))
+        run_trace(c, run_dir / f"warmup{k}", engine if k == 0 else None)
+    return run_trace(single, run_dir, build_engine(single))
 
 
 def _rows(table: Path) -> int:

@@ -130,12 +130,15 @@ def trace_vocab_size(engine) -> int:
 
 def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json).
-    With replay.repeats > 1 or replay.warmup_runs > 0: each repeat in run_dir/repeat<i>/ (experiments.repeats)."""
-    from experiments.repeats import repeat_count, run_repeats, warmup_count
+    With replay.repeats > 1 or replay.warmup_runs > 0: each repeat in run_dir/repeat<i>/ (experiments.repeats);
+    one given repeat (replay.repeat set) with replay.warmup_runs > 0: the warm-ups first, in run_dir/warmup<k>/."""
+    from experiments.repeats import repeat_count, run_after_warmup, run_repeats, warmup_count
 
     repeated = repeat_count(cfg) > 1 or warmup_count(cfg) > 0
     if repeated and config_value(cfg, "replay.repeat") is None:
         return run_repeats(cfg, run_dir, engine)
+    if warmup_count(cfg) > 0:
+        return run_after_warmup(cfg, run_dir, engine)
     trace_cfg = config_value(cfg, "trace")
     if not trace_cfg:
         raise ValueError(

@@ -210,3 +210,46 @@ def test_sides_run_one_after_the_other_are_named_as_such(tmp_path):
         summary["end_time"] += 1.0
         summary_path.write_text(json.dumps(summary))
     assert not any("interleave" in n for n in compare(QUIET / "A", shifted, top=0).notes)
+
+
+INTERLEAVED = ROOT / "results/statistics/real_noise_interleaved"  # SmolLM2, experiments.ab (README there)
+
+
+@pytest.mark.skipif(
+    not (INTERLEAVED / "ab.json").exists(),
+    reason=f"{INTERLEAVED.relative_to(ROOT)} not measured yet: its quiet-machine command (experiments.ab) is in "
+    "results/statistics/README.md",
+)
+def test_interleaved_real_engine_identical_configurations_and_a_planted_ten_percent(tmp_path):
+    """Two identical sides of the real engine (SmolLM2, kernel=cpu) run alternately by experiments.ab (a
+    warm-up each, then 5 pairs AB BA AB BA AB): no significant difference in any metric, each with the
+    effect it could have detected, and no "ran one after the other" note. B's runs 10% slower (planted
+    into copies of the measured runs): found in every metric whose detectable effect is below the
+    planted difference, up to the misses 80% power allows (1 in 5), never one with less than half of it."""
+    from experiments.ab import schedule
+
+    record = json.loads((INTERLEAVED / "ab.json").read_text())
+    assert record["a"] == record["b"] == [] and record["pairs"] == 5
+    ran = [(r["side"], r["run"]) for r in record["runs"] if r["exit_code"] == 0]
+    assert ran == [(s.side, s.run) for s in schedule(record["pairs"], record["warmup"])]
+
+    same = compare(INTERLEAVED / "A", INTERLEAVED / "B", top=0)
+    assert same.design == "paired" and same.pairs == 5 and same.requests == 5 * 40
+    assert not any("interleave" in n for n in same.notes), same.notes
+    assert set(same.verdicts().values()) == {SAME}, same.text()
+    detectable = same.table.set_index("metric")["detectable_pct"]
+    assert detectable.notna().all() and (detectable > 0).all(), same.text()
+
+    slow = tmp_path / "B10"
+    for run in sorted((INTERLEAVED / "B").glob("repeat*")):
+        slowed(run, slow / run.name, 1.10)
+    shutil.copy(INTERLEAVED / "B" / "sweep.csv", slow / "sweep.csv")
+    found = compare(INTERLEAVED / "A", slow, top=0)
+    v = found.verdicts()
+    # the planted difference in % of B: latencies x 1.1 (A - B = -1/11 of B), throughputs / 1.1 (+10% of B)
+    planted = {m: 100 / 11 if m.endswith("_ms") else 10.0 for m in detectable.index}
+    powered = [m for m in detectable.index if detectable[m] < planted[m]]
+    missed = [m for m in powered if v[m] != "A better"]
+    assert not [m for m in missed if detectable[m] < planted[m] / 2], found.text()
+    assert len(missed) <= len(powered) // 5, f"missed {missed} of {powered}\n{found.text()}"
+    assert not [m for m in v if v[m] == "B better"], found.text()
