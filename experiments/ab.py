@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra.errors import HydraException
@@ -149,6 +149,7 @@ class Runner:
     def __init__(self, out: Path, common: list[str], sides: dict[str, list[str]], pairs: int, warmup: int):
         self.out, self.common, self.sides = out, common, sides
         self.slots = schedule(pairs, warmup)
+        self.runs: list[dict] = []  # one entry per run, in the order run
         self.record = {
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
             "design": DESIGN,
@@ -157,7 +158,7 @@ class Runner:
             "common": common,
             "a": sides["A"],
             "b": sides["B"],
-            "runs": [],
+            "runs": self.runs,
         }
         self.child: subprocess.Popen | None = None
 
@@ -188,11 +189,11 @@ class Runner:
                 left = f", ~{(time.monotonic() - began) / (n - 1) * (len(self.slots) - n + 1):.0f} s left"
             print(f"[{n}/{len(self.slots)}] {slot.side} {slot.run} ({what}{left})", file=sys.stderr, flush=True)
             entry = {"slot": n, "side": slot.side, "run": slot.run, "pair": slot.pair}
-            entry["start_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
+            entry["start_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             t0 = time.monotonic()
             rc, stopped = self._child(cmd, log)
             entry.update(seconds=round(time.monotonic() - t0, 2), exit_code=rc)
-            self.record["runs"].append(entry)
+            self.runs.append(entry)
             atomic_write_text(self.out / "ab.json", json.dumps(self.record, indent=2) + "\n")
             print(f"    {_brief(self.out / slot.side / slot.run)} ({entry['seconds']:.1f} s)", file=sys.stderr)
             if stopped or rc != 0:
