@@ -122,6 +122,8 @@ def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
     own = run_dir / SWEEP_TABLE
     outer = Path(config_value(cfg, "results.sweep_table") or run_dir.parent / SWEEP_TABLE)
     configs = repeat_configs(cfg, repeat_count(cfg))
+    for c in configs:  # the warm-ups run here, once; each repeat is a single run
+        _set(c, "replay.warmup_runs", 0)
     for stale in (own, run_dir / CI_TABLE):  # a folder run into again holds only the new repeats
         stale.unlink(missing_ok=True)
     for k in range(warmup_count(cfg)):  # repeat 0's configuration, its row kept in its own folder only

@@ -174,6 +174,7 @@ def test_warmup_runs_come_first_and_stay_out_of_the_tables(tmp_path):
     setup = cfg(*SIM_8B, *SMALL_TRACE, "replay.repeats=2", "replay.warmup_runs=1", "seed=7")
     out = repeats.run_repeats(setup, tmp_path / "A", run_one=run_one)
     assert calls == [("warmup0", 0, 7), ("repeat0", 0, 7), ("repeat1", 1, 8)]
+    assert not list((tmp_path / "A").glob("*/warmup*"))  # no repeat runs warm-ups of its own
     assert out["repeats"] == 2 and (tmp_path / "A" / "warmup0" / "summary.json").exists()
     assert list(pd.read_csv(tmp_path / "A" / "sweep.csv")["run_dir"]) == ["repeat0", "repeat1"]
     assert list(pd.read_csv(tmp_path / "sweep.csv")["run_dir"]) == ["A/repeat0", "A/repeat1"]
