@@ -64,12 +64,22 @@ class KVAccessLog:
         request_ids: list[str | None] = []
         num_tokens: list[int | None] = []
         hashes: list[list[int]] = []
+        # each block event's hash list, made in one pass: [h], or [] for a release of no full prefix (rare:
+        # found by list.index)
+        block_hashes: list[list] = [[h] for h in self._hashes]
+        at = -1
+        while True:
+            try:
+                at = self._hashes.index(None, at + 1)
+            except ValueError:
+                break
+            block_hashes[at] = []
 
         def blocks(start: int, end: int) -> None:
             kinds.extend(self._kinds[start:end])
             request_ids.extend([None] * (end - start))
             num_tokens.extend([None] * (end - start))
-            hashes.extend([] if h is None else [h] for h in self._hashes[start:end])
+            hashes.extend(block_hashes[start:end])
 
         i = 0
         for position, (kind, request_id, n, lookup_hashes) in self._lookups:
