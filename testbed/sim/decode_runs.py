@@ -135,7 +135,7 @@ class DecodeRuns:
                 # what schedule() takes each step: block-table changes (nothing reads them in a
                 # simulation) and block copies (the host KV tier's, priced as the executor prices them);
                 # only allocations make either during a run
-                kv.take_block_updates()
+                kv.drop_block_updates()
                 copies = kv.take_copies()
                 for i in due:
                     limit = limits.get(running[i].request_id, -1)

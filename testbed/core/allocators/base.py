@@ -122,6 +122,11 @@ class KVAllocator:
         req_blocks = self.req_blocks
         return {rid: (first, [b.block_id for b in req_blocks[rid][first:]]) for rid, first in changes.items()}
 
+    def drop_block_updates(self) -> None:
+        """Forget the changes take_block_updates would report (a simulated decode run: nothing reads them)."""
+        if self._block_changes:
+            self._block_changes = {}
+
     # ---- block copies -------------------------------------------------------------------------------------
     def record_copy(self, src: list[int], dst: list[int], kind: CopyKind) -> None:
         self._copies.append((src, dst, kind))
