@@ -7,7 +7,7 @@ import pytest
 from experiments.runner import run_trace
 from experiments.wandb_logger import resolve_mode
 
-pytest.importorskip("wandb")
+wandb = pytest.importorskip("wandb")
 
 
 def test_mode_switches(monkeypatch):
@@ -36,6 +36,7 @@ def test_offline_run_is_written(tmp_path, tiny_cfg, monkeypatch):
         "wandb.project=testbed-tests",
     )
     summary = run_trace(cfg, tmp_path / "run")
+    wandb.teardown()  # the service writes the record log asynchronously; read it once the service is done
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     log = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))  # the run's record log (protobuf)
@@ -77,6 +78,7 @@ def test_cluster_run_logs_its_summary_and_requests(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     overrides = [*SIM, *SMALL_TRACE, "cluster.replicas=2", "wandb.enabled=true", "wandb.project=testbed-tests"]
     run_cluster(cfg(*overrides), tmp_path / "run", quiet=True)
+    wandb.teardown()
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     log = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
