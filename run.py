@@ -17,8 +17,8 @@ from experiments.conf import CONFIG_PATH
 # package data, not a folder next to this file: a non-editable install runs from any directory
 @hydra.main(config_path=CONFIG_PATH, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
-    from experiments.runner import build_engine
-    from experiments.settings import run_settings
+    from experiments.run.runner import build_engine
+    from experiments.run.settings import run_settings
     from testbed.cluster.config import ClusterConfig
     from testbed.parallel.worker import serve_if_worker
 
@@ -47,11 +47,11 @@ def main(cfg: DictConfig) -> dict | None:
     # the server's engine keeps the plain clock: a long-lived server would accumulate readings
     engine = build_engine(cfg, record_clock=mode != "serve")
     if mode == "replay":
-        from experiments.runner import run_trace
+        from experiments.run.runner import run_trace
 
         return _interruptible(lambda: run_trace(cfg, out_dir, engine), out_dir)
     if mode == "offline":
-        from experiments.offline import run_offline
+        from experiments.run.offline import run_offline
 
         return _interruptible(lambda: run_offline(engine, cfg.workload, out_dir, cfg), out_dir)
     from testbed.server import serve
@@ -71,7 +71,7 @@ def _interruptible(run, out_dir: Path):
     try:
         return run()
     except KeyboardInterrupt as e:  # the runner has written what it measured (summary: interrupted)
-        signum = getattr(e, "signum", signal.SIGINT)  # experiments.runner.RunInterrupted: which signal
+        signum = getattr(e, "signum", signal.SIGINT)  # experiments.run.runner.RunInterrupted: which signal
         print(f"interrupted ({signal.Signals(signum).name}): partial results in {out_dir}", file=sys.stderr)
         sys.exit(128 + signum)
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import FULL_AZURE, environment, load_average, markdown_table, write_json
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

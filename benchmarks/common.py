@@ -3,9 +3,9 @@ write_json are experiments' (re-exported here)."""
 
 from pathlib import Path
 
-from experiments.atomic import atomic_write_text
-from experiments.environment import cpu_name, environment, git_commit, load_average, markdown_table
-from experiments.results import write_json
+from experiments.results.atomic import atomic_write_text
+from experiments.results.environment import cpu_name, environment, git_commit, load_average, markdown_table
+from experiments.results.files import write_json
 
 __all__ = ["FULL_AZURE", "cpu_name", "environment", "git_commit", "load_average", "markdown_table", "publish"]
 __all__ += ["write_json"]

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu_check"
 

@@ -27,7 +27,7 @@ from benchmarks.common import (
     markdown_table,
     write_json,
 )
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 

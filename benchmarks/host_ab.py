@@ -7,7 +7,7 @@ The revision is exported (`git archive`) to a temporary folder; each run is `pyt
 A (this checkout) and B (the revision), starting and ending with A. For every batch size the ratio of
 each B run to the mean of the A runs on either side is one draw (drift between neighbours cancels);
 the report gives the median step time of each side, the mean ratio B/A and its 95% t-interval over the
-rounds (experiments.stats.t_interval), and the machine's load before and after.
+rounds (experiments.statistics.intervals.t_interval), and the machine's load before and after.
 """
 
 import json
@@ -20,7 +20,7 @@ from io import BytesIO
 from pathlib import Path
 
 from benchmarks.common import environment, load_average, markdown_table
-from experiments.stats import t_interval
+from experiments.statistics.intervals import t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@
 - Offline fixed shape: `llama-batched-bench` (N sequences of PP random prompt tokens each, TG decode steps
   for all of them together; its T_PP / T_TG / T columns) — `batched_bench`.
 - Workloads with per-request lengths and trace replays: `llama-server --parallel N` (continuous batching,
-  N slots) over its OpenAI-compatible HTTP API, through experiments.http_replay, the client this project
+  N slots) over its OpenAI-compatible HTTP API, through experiments.replay.http_replay, the client this project
   uses for its own server — `LlamaServer` + `replay_workload`.
 
     python -m benchmarks.llamacpp build                          # build once, print where
@@ -309,8 +309,8 @@ class LlamaServer:
 
 def replay_workload(server: LlamaServer, prompts: list[list[int]], outputs: list[int], mode: str = "offline"):
     """Token-id prompts with fixed output lengths (EOS ignored, greedy) through the server's
-    /v1/completions, streamed by experiments.http_replay; returns its HttpReplay."""
-    from experiments.http_replay import replay_http
+    /v1/completions, streamed by experiments.replay.http_replay; returns its HttpReplay."""
+    from experiments.replay.http_replay import replay_http
     from experiments.traces.types import RequestSpec
 
     specs = [RequestSpec(str(i), 0.0, list(p), int(o)) for i, (p, o) in enumerate(zip(prompts, outputs))]
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 server.proc.wait()
             return 0
-        from experiments.http_replay import main as http_replay_main
+        from experiments.replay.http_replay import main as http_replay_main
 
         http_replay_main(["--url", server.url, *a.overrides])
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.common import environment, markdown_table, write_json
 from benchmarks.host import make_steady_engine
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 

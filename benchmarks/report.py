@@ -2,7 +2,7 @@
 roofline) and the fixed-shape table (this engine beside llama.cpp at each number of parallel sequences)."""
 
 from benchmarks.common import markdown_table
-from experiments.stats import t_interval
+from experiments.statistics.intervals import t_interval
 
 
 def best_rows(all_runs: dict, order: list[str]) -> list[dict]:

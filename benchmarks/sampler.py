@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, load_average, markdown_table, write_json
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "sampler"

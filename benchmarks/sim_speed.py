@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import FULL_AZURE, environment, markdown_table, write_json
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def overrides(args, requests: int) -> list[str]:
 def run(args, requests: int, out: Path) -> tuple[dict, float, float]:
     from hydra import compose, initialize_config_module
 
-    from experiments.runner import run_trace
+    from experiments.run.runner import run_trace
 
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides(args, requests))

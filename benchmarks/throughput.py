@@ -44,7 +44,7 @@ from benchmarks import report
 from benchmarks.common import environment, load_average, write_json
 from benchmarks.roofline import fastest_device, model_numbers, workload_bound
 from benchmarks.systems import make_workload
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "throughput"

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.common import environment, load_average, markdown_table, publish
-from experiments.stats import ci95
+from experiments.statistics.intervals import ci95
 
 
 def run_round(llm, prompts, params) -> tuple[float, list]:

@@ -92,7 +92,7 @@ FID_SETUP=(model="${FID_MODEL:-llama-3.2-1b}" kernel="${FID_KERNEL:-triton}" dev
            dtype="${FID_DTYPE:-bfloat16}" ${FID_ARGS:-})
 if want fidelity; then
     rm -rf "$OUT/profiles"
-    step "calibration" 180 python3 -m experiments.calibrate "${FID_SETUP[@]}" --quick --force --out "$OUT/profiles"
+    step "calibration" 180 python3 -m experiments.calibration.calibrate "${FID_SETUP[@]}" --quick --force --out "$OUT/profiles"
     PROFILE=$(ls "$OUT"/profiles/*.json 2>/dev/null | head -1)
     if [[ -n $PROFILE ]]; then
         step "fidelity (reduced)" 300 python3 -m experiments.studies.fidelity "${FID_SETUP[@]}" --profile "$PROFILE" \

@@ -100,7 +100,7 @@ class Engine:
         self.last_stats: StepStats | None = None
         self.step_callbacks: list = []  # called with each StepStats (recorders)
         # step callback -> what takes a simulation's decode run in one go (a StepRun) instead of its
-        # steps one by one (experiments.recorder)
+        # steps one by one (experiments.results.recorder)
         self.run_callbacks: dict = {}
         self.input_processor = InputProcessor(config, self.max_model_len, self.arch.vocab_size, self.kv, self.sampler)
         # a simulation's step skipping (step(horizon=...)); None: one step at a time
@@ -127,7 +127,7 @@ class Engine:
         sequence is returned (its siblings start when it has computed the prompt).
 
         validated: the caller passed these very prompt and params objects, unchanged, through `validate`
-        on this engine (a replay checks its whole trace before it starts, experiments.engine_replicas), so
+        on this engine (a replay checks its whole trace before it starts, experiments.replay.engine_replicas), so
         they are not checked twice; anything else passes False."""
         params = params or SamplingParams()
         if request_id in self.scheduler.requests or request_id in self.output_processor.groups:

@@ -20,7 +20,7 @@ class StepStats:
     num_running: int
     kv: KVCacheStats
     grammar_time_s: float = 0.0  # structured output's share of the step (grammar masks, matcher updates)
-    # who ran (for explaining latency differences, experiments.compare): ids in batch order, the tokens
+    # who ran (for explaining latency differences, experiments.statistics.compare): ids in batch order, the tokens
     # each got, those that were prefilling (a prompt chunk, or recomputation after a preemption), and
     # the requests preempted in this step
     scheduled_ids: list[str] = field(default_factory=list)

@@ -1,5 +1,5 @@
 """Real replicas: N engines, one process each (torch.multiprocessing, spawn), each its own model copy,
-and the router in this process. The replica-set interface of experiments.replay, on the monotonic
+and the router in this process. The replica-set interface of experiments.replay.driver, on the monotonic
 clock (CLOCK_MONOTONIC is one clock for every process of a machine, so the replicas' timestamps and the
 driver's arrival times compare directly).
 
@@ -71,7 +71,7 @@ def replica_main(index: int, config, threads: int, inbox, results) -> None:
 
     import torch
 
-    from experiments.recorder import Recorder
+    from experiments.results.recorder import Recorder
     from testbed import Engine
 
     # the driver owns stopping (Ctrl-C and scancel reach the whole process group): it aborts, collects

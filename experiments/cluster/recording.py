@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.metrics import request_summary
-from experiments.recorder import REQUEST_COLUMNS, Recorder, requests_frame
+from experiments.results.metrics import request_summary
+from experiments.results.recorder import REQUEST_COLUMNS, Recorder, requests_frame
 
 PD_COLUMNS = [
     "prefill_replica",

@@ -4,8 +4,8 @@
         cluster.replicas=8 cluster.router=prefix_affinity          # simulated: N engines, one virtual clock
     python run.py model=smollm2-135m kernel=cpu trace=azure cluster.replicas=2   # real: one process each
 
-The same result files as a single-engine run (experiments.results), with the cluster's columns and keys
-(experiments.cluster.recording), through the same run path (experiments.replay_run): signal handling
+The same result files as a single-engine run (experiments.results.files), with the cluster's columns and keys
+(experiments.cluster.recording), through the same run path (experiments.run.replay_run): signal handling
 (partial results kept, summary says so) and W&B (config, summary, requests table; no per-step series:
 the replicas' step counters interleave and W&B needs one increasing step).
 """
@@ -19,12 +19,20 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.cluster.recording import ClusterRecorder, cluster_summary
-from experiments.frozen_gc import frozen_gc
-from experiments.metrics import check_slo
-from experiments.replay import Replay
-from experiments.replay_run import config_value, drive, end_run, run_setup, run_summary, session_tables, write_results
-from experiments.run_console import print_summary
-from experiments.runner import (
+from experiments.replay.driver import Replay
+from experiments.results.metrics import check_slo
+from experiments.run.console import print_summary
+from experiments.run.frozen_gc import frozen_gc
+from experiments.run.replay_run import (
+    config_value,
+    drive,
+    end_run,
+    run_setup,
+    run_summary,
+    session_tables,
+    write_results,
+)
+from experiments.run.runner import (
     SWEEP_COLUMNS,
     apply_length_policy,
     check_session_config,
@@ -32,9 +40,9 @@ from experiments.runner import (
     spec_summary,
     trace_vocab_size,
 )
+from experiments.run.stop_signals import StopSignals
 from experiments.sessions import is_session_trace, load_sessions, session_report
 from experiments.sessions.replay import SessionReplay
-from experiments.stop_signals import StopSignals
 from experiments.traces import RequestSpec, load_trace
 from testbed.cluster.config import ClusterConfig
 
@@ -49,7 +57,7 @@ CLUSTER_SWEEP_COLUMNS = (
 
 def build_cluster(cfg, cluster_cfg: ClusterConfig):
     """(cluster, engines or None, a replica engine or model spec for the trace loader)."""
-    from experiments.engine_config import engine_config_from_cfg
+    from experiments.run.engine_config import engine_config_from_cfg
     from testbed.executor_kinds import executor_kind
 
     config = engine_config_from_cfg(cfg)
@@ -75,8 +83,8 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
 
 def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
     """Replay cfg.trace through the cluster of cfg.cluster; returns the summary (also in summary.json).
-    With replay.repeats > 1: each repeat in run_dir/repeat<i>/ (experiments.repeats)."""
-    from experiments.repeats import repeat_count, run_repeats
+    With replay.repeats > 1: each repeat in run_dir/repeat<i>/ (experiments.run.repeats)."""
+    from experiments.run.repeats import repeat_count, run_repeats
 
     if repeat_count(cfg) > 1 and config_value(cfg, "replay.repeat") is None:
         return run_repeats(cfg, run_dir, run_one=lambda c, d: run_cluster(c, d, quiet))
@@ -152,7 +160,7 @@ def replay_cluster(
         cluster, recorder, **options, temperature=setup.replay_cfg.get("temperature", 0.0)
     )
     # the replicas and specs, then the run's records while they are written, out of the garbage
-    # collector's way (experiments.frozen_gc), as for one engine (experiments.runner.replay_specs)
+    # collector's way (experiments.run.frozen_gc), as for one engine (experiments.run.runner.replay_specs)
     with frozen_gc(), StopSignals() as stops:
         try:
             interrupted, error = drive(replay, specs, setup.mode, setup.replay_cfg.get("concurrency"), stops)

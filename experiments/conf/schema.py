@@ -2,7 +2,7 @@
 option's yaml lists its schema first in its defaults (`/schema/cache@_here_: paged`), so a value of the
 wrong type (`cache.block_size=abc`) is refused at compose time, naming the key, before any setting is
 built. The schemas declare keys and types only: the yaml files hold the defaults, and ranges and names
-are checked where the settings are built (experiments.settings).
+are checked where the settings are built (experiments.run.settings).
 
 The engine's groups are derived from the library's own group dataclasses (testbed.config: CacheConfig,
 SchedulerConfig, ExecutorConfig with SimConfig, ParallelConfig, SpeculativeConfig), so a field added there
@@ -147,7 +147,7 @@ class ReplaySchema:
     max_output_tokens: int | None = None
     max_duration_s: float | None = None
     repeats: int = 1
-    repeat_seeds: list[Any] = field(default_factory=list)  # config keys: experiments.repeats names a bad one
+    repeat_seeds: list[Any] = field(default_factory=list)  # config keys: experiments.run.repeats names a bad one
     redraw_workload: bool | None = None
     repeat: int | None = None
     warmup_runs: int = 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.atomic import atomic_write_text
+from experiments.results.atomic import atomic_write_text
 
 from .stack import INF, StackResult, stack_distances
 from .stream import read_accesses

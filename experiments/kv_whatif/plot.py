@@ -15,7 +15,7 @@ def plot_whatif(curve: pd.DataFrame, result, summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.atomic import atomic_write_with
+    from experiments.results.atomic import atomic_write_with
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.plot(curve["capacity_blocks"], curve["lru_hit_rate"], label="LRU (stack distances)")

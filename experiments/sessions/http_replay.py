@@ -1,4 +1,4 @@
-"""Session replay over HTTP: `python -m experiments.http_replay --url URL replay=sessions trace=sessions`.
+"""Session replay over HTTP: `python -m experiments.replay.http_replay --url URL replay=sessions trace=sessions`.
 
 Each turn is a streaming /v1/completions request whose prompt is token ids: the previous turn's prompt as
 the server saw it, the tokens the server generated for it, then the turn's new tokens. The server returns
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from experiments.http_replay import COLUMNS, HttpReplay, TokenIds, _auth_headers, _row, _send, request_body
-from experiments.recorder import requests_frame
+from experiments.replay.http_replay import COLUMNS, HttpReplay, TokenIds, _auth_headers, _row, _send, request_body
+from experiments.results.recorder import requests_frame
 from experiments.traces import RequestSpec
 
 from .replay import TURN_COLUMNS

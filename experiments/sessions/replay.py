@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from experiments.replay import INF, Replay
+from experiments.replay.driver import INF, Replay
 from experiments.traces import RequestSpec
 from testbed import SamplingParams
 

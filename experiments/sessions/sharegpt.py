@@ -60,7 +60,7 @@ def _pairs(conv: list[dict]) -> tuple[list[tuple[str, str]], int]:
 
 
 def check(o: dict) -> None:
-    """What can be checked before the file is read (experiments.settings)."""
+    """What can be checked before the file is read (experiments.run.settings)."""
     for key in ("max_sessions", "max_turns", "output_len"):
         v = o[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

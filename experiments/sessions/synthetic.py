@@ -73,7 +73,7 @@ def think_times(rng: np.random.Generator, n: int, mean: Any, dist: Any) -> np.nd
 
 
 def check(o: dict) -> None:
-    """What can be checked before the run (experiments.settings): counts, ranges, rate, think time."""
+    """What can be checked before the run (experiments.run.settings): counts, ranges, rate, think time."""
     n = o["num_sessions"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise _bad("num_sessions", f"must be an integer >= 1, got {n!r}")

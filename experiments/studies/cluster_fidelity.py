@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.environment import environment, load_average
+from experiments.results.environment import environment, load_average
 from experiments.studies.cluster_runs import ROOT, run_cluster_quietly
 
 OUT = ROOT / "results" / "cluster"

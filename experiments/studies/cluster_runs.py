@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.stats import ci95
+from experiments.statistics.intervals import ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 # the full traces, beside the checkout (or beside its worktree folder): nothing needs them

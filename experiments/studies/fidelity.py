@@ -7,7 +7,7 @@ Per trace (experiments/studies/fidelity_plan.py; default the synthetic generator
 conversation trace, both held out from calibration): closed loop at concurrency 1/4/16/64 first, whose
 most concurrent cell measures the real engine's capacity (mean request throughput), then open loop at
 50/80/100/120% of that capacity. Each real run is repeated (--repeats, default 3), every one on a fresh
-engine and preceded by the calibration probe (experiments/probe.py), so the machine's drift against the
+engine and preceded by the calibration probe (experiments/calibration/probe.py), so the machine's drift against the
 profile's own probe is reported beside each figure (probe, real, probe, real, ...). Each cost model
 (--cost-models, default profile and operators) simulates each cell once (the simulation is
 deterministic). Written to --out: runs.csv (every run), figures.csv (per cell, cost model and metric: real
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.atomic import atomic_open
-from experiments.environment import environment
-from experiments.probe import probe_seconds
-from experiments.runner import build_engine, config_value, run_trace
-from experiments.step_shapes import StepShapes
+from experiments.calibration.probe import probe_seconds
+from experiments.calibration.step_shapes import StepShapes
+from experiments.results.atomic import atomic_open
+from experiments.results.environment import environment
+from experiments.run.runner import build_engine, config_value, run_trace
 from experiments.studies import fidelity_report as report
 from experiments.studies.fidelity_plan import TRACES, Cell, cells, native_rate, trace_overrides
 

@@ -1,7 +1,7 @@
 """The fidelity study's workloads: per trace, closed loop at several concurrencies and open loop at
 fractions of the capacity the real engine measured in its most concurrent closed-loop cell.
 
-Traces (all held out from experiments.calibrate's synthetic calibration workloads):
+Traces (all held out from experiments.calibration.calibrate's synthetic calibration workloads):
   synthetic  Poisson arrivals (the synthetic generator), prompts 32-256 and outputs 16-64 tokens, uniform
   azure      the Azure LLM inference 2023 conversation trace: /work/shared/traces' full copy when present
              (TESTBED_TRACES or ../shared/traces), else the shipped sample; lengths / 16, prompts <= 256,
@@ -85,7 +85,7 @@ def cells(trace: str, concurrency: list[int], loads: list[float], scale: float) 
 
 def native_rate(cfg, engine) -> float:
     """Requests per second of the trace as selected (before any time_scale): n / arrival span."""
-    from experiments.runner import config_value, trace_vocab_size
+    from experiments.run.runner import config_value, trace_vocab_size
     from experiments.traces import load_trace
 
     trace = load_trace(config_value(cfg, "trace"), trace_vocab_size(engine), engine.max_model_len)

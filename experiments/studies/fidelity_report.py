@@ -2,7 +2,7 @@
 figure's error against that mean and whether it lies inside the interval, the capacity knee, and step-time
 residuals by step kind.
 
-Intervals are Student t intervals of the mean over the real repeats (experiments.stats.t_interval); with
+Intervals are Student t intervals of the mean over the real repeats (experiments.statistics.intervals.t_interval); with
 three repeats they are wide, which is the point: a simulator cannot be judged closer to the real engine
 than the real engine is to itself. The knee is the highest offered rate whose SLO attainment is at least
 `attainment` (default 0.9), linearly interpolated between the last open-loop load that meets it and the
@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from experiments.aggregate import within_range
-from experiments.stats import t_interval
+from experiments.statistics.aggregate import within_range
+from experiments.statistics.intervals import t_interval
 
 METRICS = (
     "request_throughput",
@@ -197,7 +197,7 @@ def summary_markdown(
     header: str,
     by_repeat: pd.DataFrame | None = None,
 ) -> str:
-    from experiments.environment import markdown_table
+    from experiments.results.environment import markdown_table
 
     lines = [header, ""]
     if not len(figs):  # --sims-last: real runs written before any simulation

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.stats import t_interval
+from experiments.statistics.intervals import t_interval
 
 PARTS = ("token", "reserved", "internal", "external", "free")
 ALLOCATOR_ORDER = (

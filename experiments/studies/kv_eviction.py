@@ -49,7 +49,7 @@ def run_one(overrides: list[str]) -> dict:
     import contextlib
     import io
 
-    from experiments.runner import run_trace
+    from experiments.run.runner import run_trace
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         return run_trace(compose_cfg(overrides), Path(tmp) / "run")

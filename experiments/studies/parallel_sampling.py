@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.environment import environment
-from experiments.results import write_json
-from experiments.stats import ci95
+from experiments.results.environment import environment
+from experiments.results.files import write_json
+from experiments.statistics.intervals import ci95
 from experiments.traces.synthetic import sample_lengths
 from testbed import Engine, EngineConfig, SamplingParams
 

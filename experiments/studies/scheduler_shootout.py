@@ -6,7 +6,7 @@
 One row per (scheduler, rate): TTFT and TPOT p50/p99, throughput, goodput (both SLOs met) and
 preemptions from the sweep table, plus the TTFT of the 20% "urgent" requests (the ones the priority
 scheduler boosts; the same requests in every run) from requests.parquet. Each value is the mean over
-the repeats with its 95% interval (experiments.aggregate: t over repeats; the committed table.csv
+the repeats with its 95% interval (experiments.statistics.aggregate: t over repeats; the committed table.csv
 predates it and for latency percentiles was widened to contain a request bootstrap). Writes table.csv,
 README.md's tables (the prose above the marker line is kept) and shootout.png.
 """
@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments.aggregate import aggregate, wide
-from experiments.results import read_sweep
+from experiments.results.files import read_sweep
+from experiments.statistics.aggregate import aggregate, wide
 from testbed.core.policies.priority import PriorityPolicy
 
 ORDER = ("fcfs", "priority", "sjf", "sarathi", "mlfq", "lpm")

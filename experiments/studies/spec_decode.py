@@ -9,7 +9,7 @@
 Prompt sets (real text, chat-templated for SmolLM2-135M-Instruct, EOS ends an answer):
   code_edit: "add a docstring / add type hints, reply with the complete function" over real functions of the
              Python standard library's own source files (prompt lookup should shine: the answer copies the input);
-  chat:      the built-in offline questions (experiments/offline.py) with their system preamble.
+  chat:      the built-in offline questions (experiments/run/offline.py) with their system preamble.
 """
 
 import ast
@@ -73,7 +73,7 @@ def _templated(tokenizer, messages) -> str:
 def build(out_dir: Path = OUT) -> None:
     from transformers import AutoTokenizer
 
-    from experiments.offline import PREAMBLE, QUESTIONS
+    from experiments.run.offline import PREAMBLE, QUESTIONS
     from testbed.models.smollm2 import ensure_smollm2_folder
 
     tok = AutoTokenizer.from_pretrained(ensure_smollm2_folder())

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.aggregate import within_range
-from experiments.atomic import atomic_write_text
-from experiments.environment import markdown_table
-from experiments.runner import run_trace
-from experiments.stats import t_interval
+from experiments.results.atomic import atomic_write_text
+from experiments.results.environment import markdown_table
+from experiments.run.runner import run_trace
+from experiments.statistics.aggregate import within_range
+from experiments.statistics.intervals import t_interval
 from experiments.studies.fidelity import compose
 from experiments.studies.fidelity_plan import SHARED, shared_traces
 

@@ -85,7 +85,7 @@ def parse(path) -> tuple[list, int]:
 
 
 def check(opts: dict) -> None:
-    """What can be checked before the file is read (experiments.settings)."""
+    """What can be checked before the file is read (experiments.run.settings)."""
     out_len = opts["output_len"]
     if out_len is not None and (isinstance(out_len, bool) or not isinstance(out_len, int) or out_len < 1):
         raise TraceError(f"must be null or an integer >= 1, got {out_len!r}", "trace config", field="output_len")

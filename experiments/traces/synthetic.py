@@ -98,7 +98,7 @@ def _count(opts: dict, key: str, low: int) -> int:
 
 
 def check(opts: dict) -> None:
-    """What can be checked before the run (experiments.settings): counts, rate, length specs."""
+    """What can be checked before the run (experiments.run.settings): counts, rate, length specs."""
     for key, low in (("num_requests", 1), ("prefix_groups", 0), ("prefix_len", 0)):
         _count(opts, key, low)
     check_rate(opts, "rate")

@@ -11,7 +11,9 @@ class SimConfig:
     cost_model: str = "roofline"  # roofline | profile | operators | replay_steps | module:Class (a CostModel)
     cost_model_options: dict | None = None  # a user's cost model (module:Class): its constructor's arguments
     device: str | dict | DeviceSpec | None = None  # roofline: a spec sheet (its values, or a built-in name)
-    profile: str | None = None  # profile, operators: a profile JSON (experiments.calibrate writes results/profiles/)
+    profile: str | None = (
+        None  # profile, operators: a profile JSON (experiments.calibration.calibrate writes results/profiles/)
+    )
     run: str | None = None  # replay_steps: the folder of a recorded real run (clock.parquet, steps.parquet)
     spec_acceptance: float = 0.7  # speculative decoding: each draft accepted with this probability
     allow_extrapolation: bool = False  # profile: price batches beyond the calibrated range instead of refusing

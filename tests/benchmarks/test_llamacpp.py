@@ -31,7 +31,7 @@ def test_http_replay_reads_llama_server_model_card(monkeypatch):
     """llama-server keeps context and vocabulary in the card's `meta`; the replay client needs them."""
     import httpx
 
-    from experiments.http_replay import server_info
+    from experiments.replay.http_replay import server_info
 
     card = {"id": "m.gguf", "object": "model", "meta": {"n_ctx": 640, "n_vocab": 49152, "n_ctx_train": 8192}}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmarks.report import paired_rounds
 from benchmarks.roofline import fastest_device, workload_bound
-from experiments.stats import t_interval
+from experiments.statistics.intervals import t_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ preemption, prefix caching and a deadline; and the horizons did what they claim 
 import pytest
 
 from experiments.cluster.runner import run_cluster
-from experiments.results import load_run
+from experiments.results.files import load_run
 from testbed import Engine, SamplingParams
 from testbed.cluster.routers import ROUTERS, Router, router_class
 from testbed.cluster.routers.round_robin import RoundRobinRouter

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from experiments.cluster.runner import run_cluster
-from experiments.runner import run_trace
+from experiments.run.runner import run_trace
 
 from .helpers import SIM, SMALL_TRACE, cfg
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_module
 
-from experiments.engine_config import engine_config_from_cfg
+from experiments.run.engine_config import engine_config_from_cfg
 from testbed.config import (
     FLAT_KEYWORDS,
     CacheConfig,

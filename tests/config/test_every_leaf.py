@@ -1,6 +1,6 @@
 """Every leaf of conf/ counts: for the composed default config and for each option of each group (found
 by listing conf/ and testbed/specs/, so a group or option added later is covered), every leaf is changed
-to another valid value and the settings a run is built from (experiments.settings.RunSettings: the
+to another valid value and the settings a run is built from (experiments.run.settings.RunSettings: the
 EngineConfig with its spec sheets, the cluster with its link, the trace's, replay's and workload's checked
 options, SLOs, server) must change. A leaf that changes nothing is a silently dropped override.
 
@@ -19,7 +19,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from experiments.settings import run_settings
+from experiments.run.settings import run_settings
 from experiments.traces import TraceError
 
 ROOT = Path(__file__).resolve().parents[2]

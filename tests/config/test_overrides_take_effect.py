@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.cluster.runner import run_cluster
-from experiments.runner import run_trace
-from experiments.settings import run_settings
+from experiments.run.runner import run_trace
+from experiments.run.settings import run_settings
 
 from ..cluster.helpers import cfg
 

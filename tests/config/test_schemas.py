@@ -103,10 +103,10 @@ def test_user_options_still_take_new_keys():
 
 def test_schemas_declare_only_keys_the_settings_read():
     """A schema field no setting reads would be a key that changes nothing: each is one the run's
-    settings map (experiments.engine_config.GROUP_FIELDS, experiments.settings' key tables, the
+    settings map (experiments.run.engine_config.GROUP_FIELDS, experiments.run.settings' key tables, the
     dataclasses the cluster and the server are built from)."""
-    from experiments.engine_config import GROUP_FIELDS
-    from experiments.settings import REPLAY_KEYS
+    from experiments.run.engine_config import GROUP_FIELDS
+    from experiments.run.settings import REPLAY_KEYS
     from testbed.cluster.config import ClusterConfig
     from testbed.server.settings import ServerSettings
     from testbed.sim.config import SimConfig
@@ -128,9 +128,9 @@ def test_schemas_declare_only_keys_the_settings_read():
 
 def test_engine_schemas_are_derived_from_the_library_groups():
     """The engine groups' schemas are the library's group dataclasses (testbed.config): their keys, order and
-    types, so a field added there is a typed key here (and mapped by experiments.engine_config)."""
+    types, so a field added there is a typed key here (and mapped by experiments.run.engine_config)."""
     from experiments.conf.schema import fields_of, omegaconf_type
-    from experiments.engine_config import GROUP_FIELDS
+    from experiments.run.engine_config import GROUP_FIELDS
     from testbed.config import CacheConfig, HostTierConfig, ParallelConfig, SchedulerConfig, SimConfig
 
     def keys(schema):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.runner import executor_summary, run_trace
+from experiments.run.runner import executor_summary, run_trace
 from testbed import Engine
 from testbed.config import EngineConfig
 from testbed.sampling_params import SamplingParams
@@ -97,7 +97,7 @@ def test_a_users_kind_runs_from_the_composed_config(mylab, tmp_path):
 
 def test_a_kind_refuses_the_keys_it_does_not_read():
     with pytest.raises(ValueError, match="executor.step_time_s: not a setting of executor 'real'"):
-        from experiments.engine_config import engine_config_from_cfg
+        from experiments.run.engine_config import engine_config_from_cfg
 
         engine_config_from_cfg(cfg("model=tiny", "+executor.step_time_s=0.1"))
 

@@ -122,7 +122,7 @@ def test_swap_and_the_tier_share_the_host_pool_without_overlap():
 
 
 def test_runner_reports_the_device_host_miss_split(tmp_path):
-    from experiments.runner import run_trace
+    from experiments.run.runner import run_trace
 
     from ..sessions.test_sessions import cfg
 

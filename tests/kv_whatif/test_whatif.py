@@ -10,7 +10,7 @@ from experiments.kv_whatif import analyze, analyze_stream
 from experiments.kv_whatif.__main__ import main
 from experiments.kv_whatif.stack import INF, stack_distances
 from experiments.kv_whatif.stream import read_accesses
-from experiments.runner import run_trace
+from experiments.run.runner import run_trace
 from testbed.core.access_log import CACHE, LOOKUP, RELEASE
 
 from ..sessions.test_sessions import cfg

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.engine_config import engine_config_from_cfg
+from experiments.run.engine_config import engine_config_from_cfg
 from testbed.detokenize import token_strings
 from testbed.engine import Engine
 from testbed.sampling_params import SamplingParams

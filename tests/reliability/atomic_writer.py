@@ -1,5 +1,5 @@
 """A result writer to be killed: `python -m tests.reliability.atomic_writer FOLDER RUN_ID` rewrites one run
-folder (experiments.results.write_run) and appends sweep rows, some bringing new columns (so the table is
+folder (experiments.results.files.write_run) and appends sweep rows, some bringing new columns (so the table is
 rewritten), as fast as it can until killed. Every file says which write it came from (run id, version), so
 a reader can tell a complete file of some write from a torn one."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.results import append_sweep_row, write_run
+from experiments.results.files import append_sweep_row, write_run
 
 BASE_ROWS = 50_000  # big enough that a parquet write takes a while to kill in the middle of
 

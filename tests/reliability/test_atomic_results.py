@@ -14,8 +14,8 @@ import time
 import pandas as pd
 import pytest
 
-from experiments.atomic import atomic_open, atomic_write_bytes, atomic_write_text
-from experiments.results import load_run, read_parquet, read_sweep, write_run
+from experiments.results.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from experiments.results.files import load_run, read_parquet, read_sweep, write_run
 
 from ..runner.helpers import ROOT
 from .atomic_writer import BASE_ROWS
@@ -124,7 +124,7 @@ def test_atomic_files_get_the_usual_permissions(tmp_path):
 def test_rewritten_run_folder_reads_incomplete_until_summary(tmp_path, monkeypatch):
     frame = pd.DataFrame({"a": [1]})
     write_run(tmp_path, config_yaml="a: 1\n", requests=frame, steps=frame, summary={"v": 1})
-    import experiments.results as results
+    import experiments.results.files as results
 
     def dies(path, data):
         raise KeyboardInterrupt  # stopped while the new files are being written

@@ -9,10 +9,10 @@ import signal
 import pandas as pd
 import pytest
 
-from experiments import replay_run
 from experiments.cluster.runner import run_cluster
-from experiments.results import read_sweep
-from experiments.stop_signals import RunInterrupted
+from experiments.results.files import read_sweep
+from experiments.run import replay_run
+from experiments.run.stop_signals import RunInterrupted
 
 from ..cluster.helpers import SIM, SMALL_TRACE, cfg
 

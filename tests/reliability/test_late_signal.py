@@ -4,9 +4,9 @@ say interrupted: the runner rewrites it when a signal landed after the summary w
 import json
 import signal
 
-from experiments.replay_run import _mark_late_signal
-from experiments.results import write_json
-from experiments.stop_signals import StopSignals
+from experiments.results.files import write_json
+from experiments.run.replay_run import _mark_late_signal
+from experiments.run.stop_signals import StopSignals
 
 
 def test_summary_rewritten_when_a_signal_lands_during_the_write(tmp_path):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from experiments.results import load_run, read_sweep
+from experiments.results.files import load_run, read_sweep
 
 from ..runner.helpers import ROOT, assert_summary_matches
 

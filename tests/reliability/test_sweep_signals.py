@@ -14,7 +14,7 @@ from ..runner.helpers import ROOT
 PARENT = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
-    from experiments.sweep_signals import install
+    from experiments.run.sweep_signals import install
     install(on_stopped=lambda: print("aggregated", flush=True), grace_s=5)
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     print(job.pid, flush=True)

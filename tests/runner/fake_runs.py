@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.metrics import summarize
-from experiments.recorder import requests_frame
-from experiments.results import append_sweep_row, sweep_row
+from experiments.results.files import append_sweep_row, sweep_row
+from experiments.results.metrics import summarize
+from experiments.results.recorder import requests_frame
 
 N_REQUESTS = 400
 TOKENS = 8

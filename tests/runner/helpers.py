@@ -33,7 +33,7 @@ def run_cli(*overrides, cwd=ROOT, env=None, timeout=900, check=True) -> subproce
 
 def recompute(requests: pd.DataFrame, start_time: float, end_time: float, slo: dict | None = None) -> dict:
     """vllm bench serve's metrics straight from a requests table, written independently of
-    experiments.metrics (plain numpy, per-request loops)."""
+    experiments.results.metrics (plain numpy, per-request loops)."""
     done = requests[requests["finish_reason"].isin(["length", "stop"])]
     ttft, e2el, tpot, itl, good = [], [], [], [], 0
     for r in done.itertuples():

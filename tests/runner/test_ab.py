@@ -1,5 +1,5 @@
-"""experiments.ab, as a researcher runs it: two configurations alternately (warm-ups A B, then pairs AB BA
-AB ...), each run its own run.py process, into two repeated-run folders that experiments.compare reads.
+"""experiments.run.ab, as a researcher runs it: two configurations alternately (warm-ups A B, then pairs AB BA
+AB ...), each run its own run.py process, into two repeated-run folders that experiments.statistics.compare reads.
 
 Identical sides on the simulator: identical pairs, no difference. A planted difference on the host executor
 (no model; each step holds the "device" for executor.step_time_s, timed by this machine's clock): steps
@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 
-from experiments.ab import Slot, main, schedule
+from experiments.run.ab import Slot, main, schedule
 
 from .helpers import ROOT
 
@@ -120,7 +120,7 @@ def test_ctrl_c_keeps_the_finished_runs_and_compares_them(tmp_path):
     """SIGINT to the runner's process group (a terminal's Ctrl-C) while the third run goes: the run in
     flight writes what it measured (marked interrupted), the runner stops, and the finished pair is compared."""
     out = tmp_path / "ab"
-    cmd = [sys.executable, "-m", "experiments.ab", "--pairs", "3", "--warmup", "0", "--out", str(out), *HOST]
+    cmd = [sys.executable, "-m", "experiments.run.ab", "--pairs", "3", "--warmup", "0", "--out", str(out), *HOST]
     cmd += ["executor.step_time_s=0.05", "trace.num_requests=40"]  # 10 batches x 17 steps x 50 ms per run
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

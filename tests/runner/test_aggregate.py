@@ -1,4 +1,4 @@
-"""experiments.aggregate: repeats grouped by configuration into mean and 95% intervals next to sweep.csv;
+"""experiments.statistics.aggregate: repeats grouped by configuration into mean and 95% intervals next to sweep.csv;
 `replay.repeats=N` and seed sweeps record what it needs."""
 
 import json
@@ -6,10 +6,10 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.aggregate import AggregateCallback, wide, write_aggregate
-from experiments.compare import compare
-from experiments.repeats import repeat_configs
-from experiments.runner import run_trace
+from experiments.run.repeats import repeat_configs
+from experiments.run.runner import run_trace
+from experiments.statistics.aggregate import AggregateCallback, wide, write_aggregate
+from experiments.statistics.compare import compare
 
 from .fake_runs import write_run, write_sweep
 from .helpers import run_cli
@@ -38,8 +38,8 @@ def test_intervals_stay_within_what_the_metric_can_take():
     to the metric's range, where the true value lies, so the cut interval covers it exactly as often."""
     import numpy as np
 
-    from experiments.aggregate import interval
-    from experiments.stats import t_interval
+    from experiments.statistics.aggregate import interval
+    from experiments.statistics.intervals import t_interval
 
     shares = np.array([1.0, 1.0, 0.8])
     assert t_interval(shares, 0.95)[1] > 1

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from experiments.runner import run_trace
+from experiments.run.runner import run_trace
 
 from .helpers import assert_summary_matches, read_run
 

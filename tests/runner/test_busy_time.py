@@ -4,8 +4,8 @@ says how much of the run that is (busy_fraction), so idle gaps are neither hidde
 import pandas as pd
 import pytest
 
-from experiments.metrics import step_summary, summarize
-from experiments.recorder import requests_frame
+from experiments.results.metrics import step_summary, summarize
+from experiments.results.recorder import requests_frame
 
 
 def test_kv_means_are_busy_time_weighted_and_busy_fraction_reports_the_rest():

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.runner import run_trace
+from experiments.run.runner import run_trace
 from testbed import Engine, EngineConfig, SamplingParams
 from testbed.input_processor import InputProcessor, ValidatedRequests
 

@@ -1,4 +1,4 @@
-"""experiments.compare on runs drawn from a known latency model: no difference between repeats of one
+"""experiments.statistics.compare on runs drawn from a known latency model: no difference between repeats of one
 configuration (with the effect it could have detected), a planted difference found, the design chosen
 from what the runs allow, and the changed requests explained."""
 
@@ -8,7 +8,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from experiments.compare import CompareError, compare, main
+from experiments.statistics.compare import CompareError, compare, main
 
 from .fake_runs import write_run, write_sweep
 from .helpers import ROOT
@@ -212,21 +212,21 @@ def test_sides_run_one_after_the_other_are_named_as_such(tmp_path):
     assert not any("interleave" in n for n in compare(QUIET / "A", shifted, top=0).notes)
 
 
-INTERLEAVED = ROOT / "results/statistics/real_noise_interleaved"  # SmolLM2, experiments.ab (README there)
+INTERLEAVED = ROOT / "results/statistics/real_noise_interleaved"  # SmolLM2, experiments.run.ab (README there)
 
 
 @pytest.mark.skipif(
     not (INTERLEAVED / "ab.json").exists(),
-    reason=f"{INTERLEAVED.relative_to(ROOT)} not measured yet: its quiet-machine command (experiments.ab) is in "
+    reason=f"{INTERLEAVED.relative_to(ROOT)} not measured yet: its quiet-machine command (experiments.run.ab) is in "
     "results/statistics/README.md",
 )
 def test_interleaved_real_engine_identical_configurations_and_a_planted_ten_percent(tmp_path):
-    """Two identical sides of the real engine (SmolLM2, kernel=cpu) run alternately by experiments.ab (a
+    """Two identical sides of the real engine (SmolLM2, kernel=cpu) run alternately by experiments.run.ab (a
     warm-up each, then 5 pairs AB BA AB BA AB): no significant difference in any metric, each with the
     effect it could have detected, and no "ran one after the other" note. B's runs 10% slower (planted
     into copies of the measured runs): found in every metric whose detectable effect is below the
     planted difference, up to the misses 80% power allows (1 in 5), never one with less than half of it."""
-    from experiments.ab import schedule
+    from experiments.run.ab import schedule
 
     record = json.loads((INTERLEAVED / "ab.json").read_text())
     assert record["a"] == record["b"] == [] and record["pairs"] == 5

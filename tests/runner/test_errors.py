@@ -2,8 +2,8 @@
 
 import pytest
 
-from experiments.metrics import SLOError
-from experiments.runner import build_engine, run_trace
+from experiments.results.metrics import SLOError
+from experiments.run.runner import build_engine, run_trace
 from experiments.traces import TraceError
 
 from .helpers import read_run

@@ -1,11 +1,11 @@
-"""experiments.frozen_gc: what is alive is frozen and young collections are rarer inside the block; the
+"""experiments.run.frozen_gc: what is alive is frozen and young collections are rarer inside the block; the
 process's own settings come back after it, also when the block raises."""
 
 import gc
 
 import pytest
 
-from experiments.frozen_gc import YOUNG_THRESHOLD, frozen_gc
+from experiments.run.frozen_gc import YOUNG_THRESHOLD, frozen_gc
 
 
 def test_freezes_and_restores():

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.metrics import SLOError, check_slo, chunk_gaps, step_summary, summarize
-from experiments.recorder import kv_fields
+from experiments.results.metrics import SLOError, check_slo, chunk_gaps, step_summary, summarize
+from experiments.results.recorder import kv_fields
 
 
 def table(rows):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.runner import build_engine, run_trace
+from experiments.run.runner import build_engine, run_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "experiments" / "data" / "mooncake_fast25_synthetic_sample.jsonl"

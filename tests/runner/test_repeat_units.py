@@ -1,5 +1,5 @@
 """A repeated run is a unit, as a new user would try it: `python run.py ... replay.repeats=N hydra.run.dir=A`
-(and B), then `python -m experiments.compare A B`; two single runs; two sweep folders with --where. On the
+(and B), then `python -m experiments.statistics.compare A B`; two single runs; two sweep folders with --where. On the
 simulator (executor=sim, a small synthetic trace), whose repeats redraw the workload by default.
 
 The planted difference: a machine 10% slower, i.e. this CPU's committed step-time profile with every
@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 import pytest
 
-from experiments.compare import main as compare_main
+from experiments.statistics.compare import main as compare_main
 
 from .helpers import ROOT, run_cli
 
@@ -41,10 +41,10 @@ def slower_profile(tmp_path, factor=1.1):
 
 
 def compare_cli(*args) -> tuple[str, dict]:
-    """`python -m experiments.compare ARGS --json`: its printed table and its JSON."""
+    """`python -m experiments.statistics.compare ARGS --json`: its printed table and its JSON."""
     out_json = f"{args[0]}.cmp.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.compare", *map(str, args), "--json", out_json],
+        [sys.executable, "-m", "experiments.statistics.compare", *map(str, args), "--json", out_json],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -59,7 +59,7 @@ def verdicts(data: dict) -> dict:
 
 
 def json_of(tmp_path, *args) -> dict:
-    """experiments.compare's main, in this process, and its JSON."""
+    """experiments.statistics.compare's main, in this process, and its JSON."""
     out = tmp_path / "cmp.json"
     compare_main([*map(str, args), "--json", str(out), "--top", "0"])
     return json.loads(out.read_text())
@@ -128,7 +128,7 @@ def test_a_simulated_cluster_repeats_like_one_engine(tmp_path):
 def test_repeats_of_the_built_in_prompt_set_are_refused(tmp_path):
     from omegaconf import OmegaConf
 
-    from experiments.offline import run_offline
+    from experiments.run.offline import run_offline
 
     with pytest.raises(ValueError, match="replay.repeats"):
         run_offline(None, None, tmp_path, OmegaConf.create({"replay": {"repeats": 3}}))
@@ -136,8 +136,8 @@ def test_repeats_of_the_built_in_prompt_set_are_refused(tmp_path):
 
 def test_a_repeat_that_never_started_leaves_no_row(tmp_path, monkeypatch):
     """Repeat 1 fails before replaying (no row of its own): the table above gets repeat 0's row once."""
-    from experiments import repeats
-    from experiments.runner import run_trace
+    from experiments.run import repeats
+    from experiments.run.runner import run_trace
 
     from ..cluster.helpers import SIM as SIM_8B
     from ..cluster.helpers import SMALL_TRACE, cfg
@@ -159,8 +159,8 @@ def test_a_repeat_that_never_started_leaves_no_row(tmp_path, monkeypatch):
 def test_warmup_runs_come_first_and_stay_out_of_the_tables(tmp_path):
     """replay.warmup_runs=1: one run of repeat 0's configuration first, in warmup0/, then the measured
     repeats; neither the run folder's table nor the one above holds the warm-up's row."""
-    from experiments import repeats
-    from experiments.runner import run_trace
+    from experiments.run import repeats
+    from experiments.run.runner import run_trace
 
     from ..cluster.helpers import SIM as SIM_8B
     from ..cluster.helpers import SMALL_TRACE, cfg

@@ -2,9 +2,9 @@
 
 import pytest
 
-from experiments.recorder import Recorder
-from experiments.replay import Replay
-from experiments.runner import apply_length_policy
+from experiments.replay.driver import Replay
+from experiments.results.recorder import Recorder
+from experiments.run.runner import apply_length_policy
 from experiments.traces import RequestSpec, TraceError
 from testbed.outputs import CompletionOutput, RequestMetrics, RequestOutput
 

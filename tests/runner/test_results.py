@@ -4,7 +4,7 @@ import multiprocessing as mp
 
 import pandas as pd
 
-from experiments.results import append_sweep_row, read_sweep, sweep_row
+from experiments.results.files import append_sweep_row, read_sweep, sweep_row
 
 
 def _append_many(args):

@@ -1,4 +1,4 @@
-"""Seeds: every seed-like key of conf/ is in experiments.seeds.SEED_KEYS (each option of each group
+"""Seeds: every seed-like key of conf/ is in experiments.statistics.seeds.SEED_KEYS (each option of each group
 composed), config_id ignores them, and a repeat redraws the workload when replay.redraw_workload says so."""
 
 import pytest
@@ -6,8 +6,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from experiments.repeats import repeat_configs, repeat_count
-from experiments.seeds import SEED_KEYS, WORKLOAD_SEEDS, config_id, redraw_workload
+from experiments.run.repeats import repeat_configs, repeat_count
+from experiments.statistics.seeds import SEED_KEYS, WORKLOAD_SEEDS, config_id, redraw_workload
 
 from .helpers import ROOT
 
@@ -55,7 +55,9 @@ def test_every_seed_key_of_conf_is_listed():
             name = path.rsplit(".", 1)[-1]
             if "seed" not in name or name == "repeat_seeds":
                 continue
-            assert path in SEED_KEYS, f"{group}={option}: {path} is seed-like but not in experiments.seeds.SEED_KEYS"
+            assert path in SEED_KEYS, (
+                f"{group}={option}: {path} is seed-like but not in experiments.statistics.seeds.SEED_KEYS"
+            )
             seen.add(path)
             changed = OmegaConf.to_container(cfg, resolve=True)
             node = changed

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.stats import (
+from experiments.statistics.intervals import (
     bootstrap_interval,
     detectable_effect,
     holm,

@@ -4,7 +4,7 @@
 import pandas as pd
 import pytest
 
-from experiments.recorder import Recorder
+from experiments.results.recorder import Recorder
 from testbed.core.allocators.base import KVCacheStats
 from testbed.step_stats import StepRun, StepStats, kv_compact
 

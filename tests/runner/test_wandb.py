@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from experiments.runner import run_trace
-from experiments.wandb_logger import resolve_mode
+from experiments.run.runner import run_trace
+from experiments.run.wandb_logger import resolve_mode
 
 wandb = pytest.importorskip("wandb")
 

@@ -1,13 +1,13 @@
-"""The same short trace replayed in-process (experiments.replay) and over HTTP (experiments.http_replay)
+"""The same short trace replayed in-process (experiments.replay.driver) and over HTTP (experiments.replay.http_replay)
 gives consistent metrics: same requests, same token counts, latencies of the same size, and the
 server's own /metrics agrees with what the client measured."""
 
 import pytest
 
-from experiments.http_replay import main as http_replay_main
-from experiments.http_replay import replay_http
-from experiments.recorder import Recorder
-from experiments.replay import Replay
+from experiments.replay.driver import Replay
+from experiments.replay.http_replay import main as http_replay_main
+from experiments.replay.http_replay import replay_http
+from experiments.results.recorder import Recorder
 from experiments.traces import load_trace
 from testbed import Engine
 from testbed.config import EngineConfig
@@ -38,7 +38,7 @@ def test_http_replay_matches_in_process(one_torch_thread, trace, scrape):
     replay = Replay.of_engine(engine, recorder)
     replay.run(trace.requests, mode="open_loop")
     local_df = recorder.requests_frame()
-    from experiments.metrics import request_summary
+    from experiments.results.metrics import request_summary
 
     local = request_summary(local_df, replay.start_time, replay.end_time)
 
@@ -78,7 +78,7 @@ def test_http_replay_matches_in_process(one_torch_thread, trace, scrape):
 
 
 def test_http_replay_command_line(one_torch_thread, tmp_path, scrape):
-    """`python -m experiments.http_replay --url ... trace=... replay=...`: run.py's experiment config, over HTTP."""
+    """`python -m experiments.replay.http_replay --url ... trace=... replay=...`: run.py's config, over HTTP."""
     with ServerThread(tiny_engine(), api_key="k") as srv:
         summary = http_replay_main(
             [

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.http_replay import run_trace_http
+from experiments.replay.http_replay import run_trace_http
 from experiments.sessions import load_sessions
 from experiments.sessions.http_replay import replay_sessions_http
 from experiments.sessions.server_tokenizer import ServerTokenizer, ServerTokenizerError

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.recorder import Recorder
-from experiments.runner import run_trace
+from experiments.results.recorder import Recorder
+from experiments.run.runner import run_trace
 from experiments.sessions import Session, Turn, load_sessions
 from experiments.sessions.mooncake import group
 from experiments.sessions.replay import SessionReplay

@@ -1,4 +1,4 @@
-"""experiments.calibrate checks itself: it refuses (writes nothing) when its fit does not describe its own
+"""experiments.calibration.calibrate checks itself: it refuses (writes nothing) when its fit does not describe its own
 steps or the machine's speed drifted while it measured, unless --force; the profile records both. Timings
 are injected (planted step periods and probe readings), so the refusals do not depend on this machine."""
 
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-import experiments.calibrate as calibrate
-from experiments.probe import SelfCheck, drift
+import experiments.calibration.calibrate as calibrate
+from experiments.calibration.probe import SelfCheck, drift
 
 from .test_cost_models import synthetic_shapes
 

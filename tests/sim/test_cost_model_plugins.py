@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.runner import run_trace
-from experiments.settings import run_settings
+from experiments.run.runner import run_trace
+from experiments.run.settings import run_settings
 from testbed import Engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-import experiments.runner
+import experiments.run.runner
 from experiments.kv_whatif.stream import FILE as ACCESS_FILE
-from experiments.recorder import Recorder
-from experiments.results import load_run
-from experiments.runner import build_engine, run_trace
+from experiments.results.files import load_run
+from experiments.results.recorder import Recorder
+from experiments.run.runner import build_engine, run_trace
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.shape import StepShape
 
@@ -128,7 +128,7 @@ def test_runs_recorded_whole_equal_their_rows(tmp_path, monkeypatch, listening):
             if listening:
                 self.listeners.append(heard.append)
 
-    monkeypatch.setattr(experiments.runner, "Recorder", Kept)
+    monkeypatch.setattr(experiments.run.runner, "Recorder", Kept)
     run(tmp_path, "run", CASES["synthetic-prefix"])
     (recorder,) = recorders
     assert bool(recorder._runs) is not listening  # a listener takes rows: runs are then made row by row

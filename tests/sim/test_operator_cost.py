@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from experiments.operator_bench import grids
-from experiments.runner import run_trace
+from experiments.calibration.operator_bench import grids
+from experiments.run.runner import run_trace
 from testbed.sim.cost_models.operators import DECODE, HOST, PREFILL, Operators, fit_operators, interpolate
 
 from .test_cost_models import synthetic_shapes
@@ -96,7 +96,7 @@ def test_interpolation_extrapolates_with_the_end_slopes():
 def test_calibrate_and_simulate_the_tiny_model_on_its_operators(tmp_path, monkeypatch):
     """Smoke: real CPU microbenchmarks of the tiny model, a profile with its operators (self-check limits
     opened: this test is about the code path, not this machine's noise), then a simulation priced by them."""
-    import experiments.calibrate as calibrate
+    import experiments.calibration.calibrate as calibrate
 
     monkeypatch.setenv("TESTBED_KERNEL", "torch")
     small = [("prefill", [(40, 2)] * 3), ("decode", [(48, 4)] * 4), ("mixed", [(24, 6), (60, 3), (8, 5)])]

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.runner import run_trace
+from experiments.run.runner import run_trace
 from testbed import Engine, SamplingParams
 from testbed.config import EngineConfig
 from testbed.sim.clock import ClockDivergence

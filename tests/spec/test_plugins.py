@@ -6,7 +6,7 @@ import textwrap
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.settings import run_settings
+from experiments.run.settings import run_settings
 from testbed import LLM, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

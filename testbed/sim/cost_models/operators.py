@@ -21,7 +21,7 @@ and multiplied by the layer count (no cross-layer cache effects); host work is n
 absorbs what the operator sum misses (e.g. kernel=cpu runs a pure decode step's layers in one C++ call).
 Tensor parallelism is not priced.
 
-The operators are stored in the profile JSON under "operators" (experiments.calibrate writes both this and
+The operators are stored in the profile JSON under "operators" (experiments.calibration.calibrate writes both this and
 the whole-step fit of profile.py); `executor.cost_model=operators executor.profile=PATH` selects this model.
 """
 
@@ -100,7 +100,7 @@ class Operators:
 
 
 def fit_operators(samples: dict, shapes: list[StepShape], seconds: list[float]) -> dict:
-    """The "operators" section of a profile from microbenchmarks (experiments.operator_bench: per operator a
+    """The "operators" section of a profile from microbenchmarks (experiments.calibration.operator_bench: per operator a
     list of (x..., seconds), one layer's time for per-layer operators, and "layers") and the calibration's
     whole steps (shapes and measured periods), on which the host term is fitted and the result scored."""
     section: dict = {"layers": int(samples["layers"])}
@@ -157,7 +157,8 @@ class OperatorCost(ProfileCost):
         if not section:
             raise ValueError(
                 f"profile {self.path} has no operator microbenchmarks (calibrated with --no-operators, or "
-                "before they existed): re-run `python -m experiments.calibrate`, or use executor.cost_model=profile"
+                "before they existed): re-run `python -m experiments.calibration.calibrate`, or use "
+                "executor.cost_model=profile"
             )
         self.operators = Operators(section)
         seen = {"max_seqs": max(section["logits"]["x"]), "max_tokens": max(section["linear"]["x"])}

@@ -1,4 +1,4 @@
-"""Step time fitted to measured steps of this engine (experiments.calibrate), in the spirit of Vidur's
+"""Step time fitted to measured steps of this engine (experiments.calibration.calibrate), in the spirit of Vidur's
 profiling-based prediction (Agrawal et al., MLSys 2024), but over whole steps of the real engine rather than
 per operator, so that host work (scheduling, input preparation, sampling, output handling) is priced too.
 
@@ -86,7 +86,7 @@ class ProfileCost(CostModel):
         """The profile's dtype and kernel unless set (kernel=auto resolves to the profile's)."""
         path = Path(sim.profile)
         if not path.exists():
-            raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibrate`)")
+            raise ValueError(f"no profile at {path} (make one with `python -m experiments.calibration.calibrate`)")
         profile = json.loads(path.read_text())
         return dtype or profile.get("dtype", "float32"), profile.get("kernel", kernel) if kernel == "auto" else kernel
 
@@ -116,7 +116,7 @@ class ProfileCost(CostModel):
         when they exceed the batches the profile was measured on: a fit says nothing beyond its data."""
         self.path = Path(path)
         if not self.path.exists():
-            raise ValueError(f"no profile at {self.path} (make one with `python -m experiments.calibrate`)")
+            raise ValueError(f"no profile at {self.path} (make one with `python -m experiments.calibration.calibrate`)")
         try:
             self.profile = json.loads(self.path.read_text())
         except json.JSONDecodeError as e:

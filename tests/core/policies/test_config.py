@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from experiments.engine_config import engine_config_from_cfg
+from experiments.run.engine_config import engine_config_from_cfg
 from testbed import LLM, SamplingParams
 from testbed.config import EngineConfig
 from testbed.core.allocators import ALLOCATORS, get_allocator

@@ -1,4 +1,4 @@
-"""One engine as a one-replica set, so that the replay driver (experiments.replay) runs it as it runs a
+"""One engine as a one-replica set, so that the replay driver (experiments.replay.driver) runs it as it runs a
 cluster: `now` is the engine's clock, `run_until(t)` is one Engine.step, or, with nothing to do, sleeping on
 the engine's clock until t (a simulation's sleep is virtual).
 

@@ -28,7 +28,7 @@ def cpu_name() -> str:
 
 def git_commit() -> str:
     try:
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
         ).stdout.strip()

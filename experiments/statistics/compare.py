@@ -1,6 +1,6 @@
 """Is A better than B? Two runs, two repeated runs, or one configuration from each of two sweeps.
 
-    python -m experiments.compare A B [--where scheduler.name=fcfs] [--where-a K=V] [--where-b K=V] [--top 5]
+    python -m experiments.statistics.compare A B [--where scheduler.name=fcfs] [--where-a K=V] [--where-b K=V] [--top 5]
 
 A side is a run folder (summary.json), a repeated run's folder (`replay.repeats=N`: its own sweep.csv) or
 a sweep folder whose runs are repeats of one configuration (`--where KEY=VALUE` picks one out of a larger
@@ -23,7 +23,7 @@ Bonferroni rejects, and more). Each interval is the metric's own 95% interval. "
 difference this comparison would have found with 80% power at Holm's strictest level (noncentral t; the
 bootstrap's normal approximation), in % of B: "no significant difference" then reads "nothing larger than
 that". Then the requests whose latency changed most, with what changed for them: queueing delay,
-preemptions, prefill chunks and steps it was scheduled in (experiments.compare_requests).
+preemptions, prefill chunks and steps it was scheduled in (experiments.statistics.compare_requests).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from experiments.aggregate import group_key
-from experiments.compare_requests import LATENCY, explain, paired_requests, request_table, same_workload
-from experiments.results import SWEEP_TABLE, load_run, read_sweep
-from experiments.stats import DEFAULT_RESAMPLES, bootstrap, detectable_effect, holm, t_test, welch_test
+from experiments.results.files import SWEEP_TABLE, load_run, read_sweep
+from experiments.statistics.aggregate import group_key
+from experiments.statistics.compare_requests import LATENCY, explain, paired_requests, request_table, same_workload
+from experiments.statistics.intervals import DEFAULT_RESAMPLES, bootstrap, detectable_effect, holm, t_test, welch_test
 
 RUN_METRICS = ("output_throughput", "request_throughput", "request_goodput")  # per run, higher is better
 STATISTICS = ("mean", "p50", "p99")
@@ -415,7 +415,7 @@ def main(argv=None) -> None:
             metrics=args.metric,
         )
     except CompareError as e:
-        raise SystemExit(f"experiments.compare: {e}") from None
+        raise SystemExit(f"experiments.statistics.compare: {e}") from None
     print(result.text())
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=float) + "\n")

@@ -1,7 +1,7 @@
 """Measure this engine's step times and fit the simulator's profile cost model (testbed/sim/cost_models/profile.py).
 
-    python -m experiments.calibrate model=smollm2-135m kernel=cpu            # -> results/profiles/<name>.json
-    python -m experiments.calibrate model=tiny kernel=torch --quick --out /tmp/profiles
+    python -m experiments.calibration.calibrate model=smollm2-135m kernel=cpu  # -> results/profiles/<name>.json
+    python -m experiments.calibration.calibrate model=tiny kernel=torch --quick --out /tmp/profiles
 
 Arguments other than the flags below are Hydra overrides of conf/config.yaml, so the profile is measured
 on exactly the engine a run with the same overrides builds. The calibration workloads are synthetic and
@@ -12,11 +12,11 @@ is taken before it runs; its time is the period from its start to the next step'
 request waiting on the engine experiences (schedule, forward, sampling, output handling and the driver's own
 work). Steps are driven back to back, so there is no idle time in a period.
 
-The calibration checks itself (experiments/probe.py): a fixed probe is timed at the start, middle and end,
+The calibration checks itself (experiments/calibration/probe.py): a fixed probe is timed at the start, middle and end,
 and the profile is refused (nothing written; `--force` writes it anyway, marked so) when the whole-step
 fit's median |error| exceeds 10% or the probe drifted more than 10%. The profile records both.
 
-It also times the model's operators one by one (experiments/operator_bench.py) for the operator-level cost
+It also times the model's operators one by one (experiments/calibration/operator_bench.py) for the operator-level cost
 model (testbed/sim/cost_models/operators.py, `executor.cost_model=operators`); `--no-operators` skips that.
 """
 
@@ -27,14 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.environment import cpu_name, environment
-from experiments.probe import MAX_DRIFT, MAX_FIT_ERROR, SelfCheck, probe_seconds
-from experiments.results import write_json
-from experiments.step_shapes import measure
+from experiments.calibration.probe import MAX_DRIFT, MAX_FIT_ERROR, SelfCheck, probe_seconds
+from experiments.calibration.step_shapes import measure
+from experiments.results.environment import cpu_name, environment
+from experiments.results.files import write_json
 from testbed.sim.cost_models.profile import FEATURES, FORMAT, fit
 from testbed.sim.shape import StepShape
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "results" / "profiles"
 
 
@@ -83,7 +83,7 @@ def parse_args(argv):
 def build(overrides: list[str]):
     from hydra import compose, initialize_config_module
 
-    from experiments.runner import build_engine
+    from experiments.run.runner import build_engine
 
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=["progress=false", *overrides])
@@ -116,7 +116,7 @@ def main(argv=None) -> Path | None:
             log(f"probe (middle): {1e3 * probes[-1]:.1f} ms")
     operators = None
     if not args.no_operators:
-        from experiments.operator_bench import operator_samples
+        from experiments.calibration.operator_bench import operator_samples
         from testbed.sim.cost_models.operators import fit_operators
 
         operators = fit_operators(operator_samples(engine, args.quick), shapes, seconds)

@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.engine_config import engine_config_from_cfg
-from experiments.metrics import DEFAULT_PERCENTILES, check_slo
+from experiments.results.metrics import DEFAULT_PERCENTILES, check_slo
+from experiments.run.engine_config import engine_config_from_cfg
 from testbed.cluster.config import ClusterConfig
 from testbed.config import EngineConfig
 from testbed.server.settings import ServerSettings
@@ -29,7 +29,7 @@ ROOT_KEYS = {
     "priority_high_share",  # an experiment's share of urgent requests, read by scheduler=priority's options
 }
 REPLAY_KEYS = {
-    "name": None,  # checked against experiments.replay.MODES
+    "name": None,  # checked against experiments.replay.driver.MODES
     "concurrency": "count",
     "temperature": "non-negative",
     "length_scale": "positive",
@@ -37,7 +37,7 @@ REPLAY_KEYS = {
     "max_output_tokens": "count",
     "max_duration_s": "positive",
     "repeats": "count",
-    "repeat_seeds": None,  # a list of config keys (experiments.repeats checks they name integers)
+    "repeat_seeds": None,  # a list of config keys (experiments.run.repeats checks they name integers)
     "redraw_workload": "flag",
     "repeat": "index",
     "warmup_runs": "index",
@@ -129,7 +129,7 @@ def _checked(group: str, values: dict, kinds: dict) -> dict:
             )
             raise ValueError(f"{group}.{key}: must be null or {what}, got {value!r}")
     if group == "replay":
-        from experiments.replay import MODES as REPLAY_MODES
+        from experiments.replay.driver import MODES as REPLAY_MODES
 
         if values.get("name") not in (*REPLAY_MODES, "sessions"):
             raise ValueError(f"replay.name: one of {(*REPLAY_MODES, 'sessions')}, got {values.get('name')!r}")

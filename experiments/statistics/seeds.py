@@ -3,15 +3,15 @@
 Every key that only picks a random draw is listed in SEED_KEYS (tests/runner/test_seeds.py composes every
 option of every group in conf/ and checks that no other key is named like a seed). `config_id` hashes a
 resolved config without them (and without the repeat index and output settings), so runs that differ only
-in their draws group as repeats of one configuration (experiments.aggregate, experiments.compare).
+in their draws group as repeats of one configuration (experiments.statistics.aggregate, experiments.statistics.compare).
 
-What a repeat redraws (experiments.repeats): the keys of replay.repeat_seeds (default [seed]: the engine's
+What a repeat redraws (experiments.run.repeats): the keys of replay.repeat_seeds (default [seed]: the engine's
 sampling and random weights, and the simulator's acceptance draws, executor.seed = ${seed}), and with
 replay.redraw_workload the workload's seeds too (WORKLOAD_SEEDS: the trace's synthesised arrivals, lengths
 and token ids; which requests the priority scheduler marks urgent). redraw_workload null means: true for
 the simulator, whose virtual clock makes repeats of one workload copies, and where replay.repeat_seeds
 already names a workload seed; false otherwise (the real engine and the host executor time this machine:
-their repeats then measure its noise on the same requests, which experiments.compare pairs request by
+their repeats then measure its noise on the same requests, which experiments.statistics.compare pairs request by
 request).
 """
 

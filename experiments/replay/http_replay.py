@@ -1,24 +1,25 @@
 """Replay a trace against a running OpenAI-compatible server, streaming (like `vllm bench serve`).
 
-    from experiments.http_replay import replay_http
+    from experiments.replay.http_replay import replay_http
     run = replay_http(trace.requests, "http://127.0.0.1:8000", model="tiny")
-    run.requests        # one row per request, experiments.recorder.REQUEST_COLUMNS (+ "error")
-    run.summary()       # experiments.metrics.request_summary: the in-process runner's metrics
+    run.requests        # one row per request, experiments.results.recorder.REQUEST_COLUMNS (+ "error")
+    run.summary()       # experiments.results.metrics.request_summary: the in-process runner's metrics
 
     # the experiment of `python run.py trace=... replay=...`, over HTTP (same result files):
-    python -m experiments.http_replay --url http://127.0.0.1:8000 trace=azure replay=open_loop trace.max_requests=50
-    python -m experiments.http_replay --url http://127.0.0.1:8000 replay=sessions trace=sessions  # multi-turn
-    python -m experiments.http_replay --url URL replay=sessions trace=sharegpt_sessions trace.path=sg.json
+    python -m experiments.replay.http_replay --url http://127.0.0.1:8000 trace=azure replay=open_loop \
+        trace.max_requests=50
+    python -m experiments.replay.http_replay --url http://127.0.0.1:8000 replay=sessions trace=sessions  # multi-turn
+    python -m experiments.replay.http_replay --url URL replay=sessions trace=sharegpt_sessions trace.path=sg.json
 
 Each RequestSpec is sent as a streaming /v1/completions request (prompt as token ids, max_tokens,
-ignore_eos, temperature 0 by default) following experiments.replay's modes: open_loop at start +
+ignore_eos, temperature 0 by default) following experiments.replay.driver's modes: open_loop at start +
 arrival_s (already time-scaled by the loader), offline all at once, closed_loop with `concurrency` in
 flight; replay=sessions is experiments.sessions.http_replay (each turn's prompt: the server's own tokens
 of the history, returned with return_token_ids; ShareGPT text is tokenized by the server's /tokenize).
 Times are taken on the client's monotonic clock as chunks arrive. With
 `stream_options.continuous_usage_stats` (this server, vLLM) each chunk says how many tokens it carries,
 otherwise each non-empty chunk counts as one token; the tokens of one chunk share its timestamp, which
-is how experiments.metrics counts ITL (per chunk).
+is how experiments.results.metrics counts ITL (per chunk).
 
 cached_tokens comes from usage.prompt_tokens_details where the server reports it (this server; vLLM with
 --enable-prompt-tokens-details), else 0. Columns the client cannot see (first_scheduled_time,
@@ -39,9 +40,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.metrics import request_summary
-from experiments.recorder import REQUEST_COLUMNS, request_row, requests_frame
-from experiments.replay import check_mode
+from experiments.replay.driver import check_mode
+from experiments.results.metrics import request_summary
+from experiments.results.recorder import REQUEST_COLUMNS, request_row, requests_frame
 from experiments.traces.types import RequestSpec
 
 COLUMNS = REQUEST_COLUMNS + ["error"]
@@ -162,7 +163,7 @@ async def replay_http_async(
     extra_body: dict | None = None,
 ) -> HttpReplay:
     """mode: open_loop (each request at its arrival_s), offline (all at once) or closed_loop
-    (`concurrency` in flight, trace order), as experiments.replay's drivers."""
+    (`concurrency` in flight, trace order), as experiments.replay.driver's drivers."""
     import httpx
 
     check_mode(mode, concurrency)
@@ -210,7 +211,7 @@ def replay_http(specs: Sequence[RequestSpec], base_url: str, model: str, **kwarg
     return asyncio.run(replay_http_async(specs, base_url, model, **kwargs))
 
 
-# ---- the experiment over HTTP: same config, same result files as experiments.runner --------------------------
+# ---- the experiment over HTTP: same config, same result files as experiments.run.runner --------------------------
 def server_info(base_url: str, api_key: str | None = None) -> dict:
     """The served model's card: id, max_model_len, vocab_size (this server's extension fields; llama-server's
     are taken from its `meta`)."""
@@ -228,15 +229,15 @@ def server_info(base_url: str, api_key: str | None = None) -> dict:
 
 
 def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = None, quiet: bool = False) -> dict:
-    """experiments.runner.run_trace, with a running server in place of the in-process engine: the same
+    """experiments.run.runner.run_trace, with a running server in place of the in-process engine: the same
     trace, length policy, replay mode, SLOs and percentiles from cfg; summary.json, requests.parquet and
     a sweep-table row in run_dir. Engine-side columns (steps, KV) are not visible over HTTP."""
     from omegaconf import OmegaConf
 
-    from experiments.metrics import DEFAULT_PERCENTILES, check_slo
-    from experiments.replay_run import positive
-    from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
-    from experiments.runner import apply_length_policy, check_session_config, config_value
+    from experiments.results.files import SWEEP_TABLE, append_sweep_row, sweep_row, write_run
+    from experiments.results.metrics import DEFAULT_PERCENTILES, check_slo
+    from experiments.run.replay_run import positive
+    from experiments.run.runner import apply_length_policy, check_session_config, config_value
     from experiments.sessions import is_session_trace, load_sessions, session_report
     from experiments.sessions.http_replay import HttpSessionReplay, replay_sessions_http
     from experiments.sessions.metrics import session_summary, turns_table
@@ -352,7 +353,7 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """python -m experiments.http_replay --url URL [--api-key K] [--out DIR] [overrides of conf/config.yaml]"""
+    """python -m experiments.replay.http_replay --url URL [--api-key K] [--out DIR] [overrides of conf/config.yaml]"""
     parser = argparse.ArgumentParser(
         description="Replay a trace against a running server, with the experiment config of run.py.",
         epilog="overrides: as for run.py, e.g. trace=azure replay=open_loop trace.max_requests=100 "

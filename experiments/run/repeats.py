@@ -2,20 +2,20 @@
 
 Repeat i sets replay.repeat=i and adds i to every key in replay.repeat_seeds (default [seed]: the engine's
 sampling, random weights and the simulator's acceptance draws) and, when replay.redraw_workload is true,
-to the workload's seeds (experiments.seeds.WORKLOAD_SEEDS: trace.seed, so a synthesised workload's
+to the workload's seeds (experiments.statistics.seeds.WORKLOAD_SEEDS: trace.seed, so a synthesised workload's
 arrivals, lengths and token ids are drawn anew). Null means true for the simulator (a virtual clock:
 repeats of one workload would be copies) or when repeat_seeds names a workload seed, else false (repeats
 measure this machine's noise on the same requests); each repeat's config records the value it ran with.
-Repeat i of two configurations gets the same seeds, so experiments.compare pairs them.
+Repeat i of two configurations gets the same seeds, so experiments.statistics.compare pairs them.
 
 Each repeat builds a fresh engine (the first run reuses the one it was given), so nothing carries over
 between them but warm-up effects of the process: first-call costs fall on repeat 0 unless
 replay.warmup_runs discards that many runs of repeat 0's configuration first (in <run dir>/warmup<k>/).
 The run folder is a unit: <run dir>/sweep.csv holds its repeats' rows and <run dir>/sweep_ci.csv their intervals
-(experiments.aggregate), so `python -m experiments.compare A B` takes two such folders. Each row is also
-appended to the sweep table a single run would use (results.sweep_table, else the folder above), so a
-multirun's table holds every repeat of every job (its callback writes that table's intervals at the end).
-One given repeat (replay.repeat=i set, as experiments.ab runs each in its own process) runs alone, after
+(experiments.statistics.aggregate), so `python -m experiments.statistics.compare A B` takes two such folders.
+Each row is also appended to the sweep table a single run would use (results.sweep_table, else the folder
+above), so a multirun's table holds every repeat of every job (its callback writes that table's intervals at the end).
+One given repeat (replay.repeat=i set, as experiments.run.ab runs each in its own process) runs alone, after
 replay.warmup_runs discarded runs of it in the same process.
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from experiments.aggregate import CI_TABLE, write_aggregate
-from experiments.results import SWEEP_TABLE, append_sweep_row, read_sweep
-from experiments.seeds import WORKLOAD_SEEDS, redraw_workload
+from experiments.results.files import SWEEP_TABLE, append_sweep_row, read_sweep
+from experiments.statistics.aggregate import CI_TABLE, write_aggregate
+from experiments.statistics.seeds import WORKLOAD_SEEDS, redraw_workload
 
 
 def _get(cfg, path: str):
@@ -107,9 +107,9 @@ def repeat_configs(cfg, n: int) -> list:
 
 def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
     """Run the N repeats; returns {"repeats": N, "summaries": [...], "sweep_ci": <run dir>/sweep_ci.csv}.
-    run_one(cfg, dir) runs one repeat (default: experiments.runner.run_trace with a fresh engine each,
+    run_one(cfg, dir) runs one repeat (default: experiments.run.runner.run_trace with a fresh engine each,
     the first reusing `engine`)."""
-    from experiments.runner import build_engine, config_value, run_trace
+    from experiments.run.runner import build_engine, config_value, run_trace
 
     given = [engine] if engine is not None else []  # the first repeat reuses it; later ones get their own
 
@@ -143,10 +143,10 @@ def run_repeats(cfg, run_dir: str | Path, engine=None, run_one=None) -> dict:
 
 
 def run_after_warmup(cfg, run_dir: str | Path, engine=None) -> dict:
-    """One given repeat (replay.repeat set: experiments.ab's runs) after replay.warmup_runs discarded runs of
+    """One given repeat (replay.repeat set: experiments.run.ab's runs) after replay.warmup_runs discarded runs of
     it in this process, in <run dir>/warmup<k>/ (their rows in their own folder); each run a fresh engine
     (the first warm-up reuses `engine`). Returns the measured run's summary."""
-    from experiments.runner import build_engine, run_trace
+    from experiments.run.runner import build_engine, run_trace
 
     run_dir = Path(run_dir)
     single = copy.deepcopy(cfg)

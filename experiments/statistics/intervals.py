@@ -1,4 +1,5 @@
-"""Confidence intervals and tests used by experiments.aggregate and experiments.compare (scipy underneath).
+"""Confidence intervals and tests used by experiments.statistics.aggregate and experiments.statistics.compare
+(scipy underneath).
 
     quantile_interval(values, q, level)        distribution-free interval of the q-th percentile of the
                                                distribution a sample was drawn from (fractional order

@@ -23,14 +23,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.frozen_gc import frozen_gc
-from experiments.kv_metrics import kv_reuse_summary
 from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.kv_whatif.stream import access_frame
-from experiments.metrics import check_slo
-from experiments.recorder import Recorder
-from experiments.replay import Replay
-from experiments.replay_run import (
+from experiments.replay.driver import Replay
+from experiments.results.kv_metrics import kv_reuse_summary
+from experiments.results.metrics import check_slo
+from experiments.results.recorder import Recorder
+from experiments.run.console import print_summary
+from experiments.run.frozen_gc import frozen_gc
+from experiments.run.replay_run import (
     config_value,
     drive,
     end_run,
@@ -40,10 +41,9 @@ from experiments.replay_run import (
     session_tables,
     write_results,
 )
-from experiments.run_console import print_summary
+from experiments.run.stop_signals import StopSignals
 from experiments.sessions import is_session_trace, load_sessions, session_report
 from experiments.sessions.replay import SessionReplay
-from experiments.stop_signals import StopSignals
 from experiments.traces import RequestSpec, load_trace
 
 # Config values copied into every sweep-table row (dotted paths into the resolved config).
@@ -109,7 +109,7 @@ def apply_length_policy(specs: list[RequestSpec], replay_cfg) -> tuple[list[Requ
 def build_engine(cfg, record_clock: bool = True):
     """The engine of a run. A real run records every reading of its clock (clock.parquet), so that a
     simulation of the same trace and config can replay it (executor=sim executor.cost_model=replay_steps)."""
-    from experiments.engine_config import engine_config_from_cfg
+    from experiments.run.engine_config import engine_config_from_cfg
     from testbed import Engine
     from testbed.executor_kinds import executor_kind
     from testbed.sim.clock import RecordingClock
@@ -130,9 +130,9 @@ def trace_vocab_size(engine) -> int:
 
 def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     """Replay cfg.trace with cfg.replay; returns the summary (also written to run_dir/summary.json).
-    With replay.repeats > 1 or replay.warmup_runs > 0: each repeat in run_dir/repeat<i>/ (experiments.repeats);
+    With replay.repeats > 1 or replay.warmup_runs > 0: each repeat in run_dir/repeat<i>/ (experiments.run.repeats);
     one given repeat (replay.repeat set) with replay.warmup_runs > 0: the warm-ups first, in run_dir/warmup<k>/."""
-    from experiments.repeats import repeat_count, run_after_warmup, run_repeats, warmup_count
+    from experiments.run.repeats import repeat_count, run_after_warmup, run_repeats, warmup_count
 
     repeated = repeat_count(cfg) > 1 or warmup_count(cfg) > 0
     if repeated and config_value(cfg, "replay.repeat") is None:
@@ -188,7 +188,7 @@ def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
 def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], **options) -> dict:
     """Replay specs on the engine, record and write the run (options: _replay_specs'). The engine and the
     specs, then the run's records while they are written, are frozen out of the garbage collector's
-    full collections (experiments.frozen_gc)."""
+    full collections (experiments.run.frozen_gc)."""
     with frozen_gc():
         return _replay_specs(cfg, run_dir, engine, specs, **options)
 
@@ -237,7 +237,7 @@ def _replay_specs(
             if access_log is not None:
                 engine.kv.stop_access_log()
 
-        gc.freeze()  # the run's records: alive until written (experiments.frozen_gc)
+        gc.freeze()  # the run's records: alive until written (experiments.run.frozen_gc)
         start = replay.start_time if replay.start_time is not None else engine.clock()
         end = replay.end_time if replay.end_time is not None else start
         requests, steps = recorder.requests_frame(), recorder.steps_frame()

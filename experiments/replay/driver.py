@@ -1,6 +1,6 @@
 """The replay driver: feed a trace's requests to a set of replicas and run them until every request finishes.
 A cluster is a replica set (testbed.cluster.simulated, experiments.cluster.processes); one engine is a
-one-replica set (experiments.engine_replicas, `Replay.of_engine`). Modes:
+one-replica set (experiments.replay.engine_replicas, `Replay.of_engine`). Modes:
 
     offline      every request arrives at the start (throughput; the trace's timing is ignored)
     open_loop    request i arrives at start + arrival_s (already divided by trace.time_scale); requests are
@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from experiments.engine_replicas import EngineReplicas
+from experiments.replay.engine_replicas import EngineReplicas
 from experiments.traces import RequestSpec, TraceError
 from testbed import SamplingParams
 

@@ -1,6 +1,6 @@
 """The default experiment: a small built-in prompt set through the engine, offline, with a summary.
 
-It goes through the trace runner (experiments.runner): the same results files, summary and console table
+It goes through the trace runner (experiments.run.runner): the same results files, summary and console table
 as a trace replay, plus samples.json with the answers.
 """
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from experiments.atomic import atomic_write_text
-from experiments.recorder import Recorder
-from experiments.runner import replay_specs
+from experiments.results.atomic import atomic_write_text
+from experiments.results.recorder import Recorder
+from experiments.run.runner import replay_specs
 from experiments.traces import RequestSpec
 from testbed import Engine
 

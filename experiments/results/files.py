@@ -1,7 +1,7 @@
 """Result files of one run and the sweep-level table every run appends to.
 
     <run_dir>/config.yaml        the resolved config
-    <run_dir>/requests.parquet   one row per request (experiments.recorder.REQUEST_COLUMNS)
+    <run_dir>/requests.parquet   one row per request (experiments.results.recorder.REQUEST_COLUMNS)
     <run_dir>/steps.parquet      one row per engine step
     <run_dir>/summary.json       metrics (vLLM bench serve key names where one exists) + run info
     <run_dir>/trace_report.json  what the trace loader read, skipped and clipped
@@ -10,7 +10,7 @@
 The sweep table is <run_dir>/../sweep.csv by default: a Hydra multirun's sweep dir, or the experiment's
 folder for single runs. Appends hold an exclusive lock on the table (runs of a Slurm array may finish
 together) and add their row with one write(2); a row with new columns rewrites the table with the union of
-columns. Every whole-file write is atomic (experiments.atomic): a reader, or a run killed mid-write, sees
+columns. Every whole-file write is atomic (experiments.results.atomic): a reader, or a run killed mid-write, sees
 the previous complete file or the new one. summary.json is written last and removed first when a folder is
 rewritten, so a run folder holding summary.json is complete. Interrupted or failed runs keep their row
 (`interrupted`, `error` columns); `read_sweep` leaves them out unless asked.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.atomic import atomic_write_text, atomic_write_with, fsync_dir
+from experiments.results.atomic import atomic_write_text, atomic_write_with, fsync_dir
 
 SWEEP_TABLE = "sweep.csv"
 

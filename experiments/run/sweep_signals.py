@@ -1,7 +1,7 @@
 """A multirun parent that gets SIGTERM or SIGHUP (scancel, a closed terminal, `kill`) passes it on to its
 job processes (local launchers such as slurm_local and the parallel launcher run them as children) so
 none is left running as an orphan: each job's runner then writes what it measured, marked interrupted
-(experiments.stop_signals); stragglers are killed after `grace_s`, then `on_stopped` runs (the sweep's
+(experiments.run.stop_signals); stragglers are killed after `grace_s`, then `on_stopped` runs (the sweep's
 aggregate) and the parent exits 128 + signum. SIGINT (Ctrl-C) already reaches the whole process group."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Repeats of one configuration -> mean and 95% confidence interval per metric, written next to sweep.csv.
 
-    python -m experiments.aggregate results/<experiment>/<sweep dir>     # (re)writes <dir>/sweep_ci.csv
+    python -m experiments.statistics.aggregate results/<experiment>/<sweep dir>     # (re)writes <dir>/sweep_ci.csv
 
-Which rows are repeats of one configuration: those with the same `config_id` (experiments.seeds: the
+Which rows are repeats of one configuration: those with the same `config_id` (experiments.statistics.seeds: the
 resolved config without its seeds, repeat index and output settings). Runs made with `replay.repeats=N`
 and runs of a seed sweep (`python run.py -m seed=0,1,2 ...`) group alike. Older tables without the column
 are grouped by their config columns (dotted names) other than seeds.
@@ -16,7 +16,7 @@ Per configuration and numeric summary metric (sweep_ci.csv, one row each):
                       mean over runs of each run's percentile, the reported mean. Cut to the metric's
                       range (shares to [0, 1], times and rates to >= 0), which keeps its coverage.
       order statistic one run, latency percentile (pNN / median of ttft, tpot, e2el): the distribution-free
-                      interval of the percentile from the run's requests (experiments.stats.
+                      interval of the percentile from the run's requests (experiments.statistics.intervals.
                       quantile_interval), treating them as independent draws; it covers which requests
                       the run happened to see, not run-to-run variation.
       (none)          NaN ends and a `note` saying why: one run of a run-level metric; a percentile whose
@@ -26,7 +26,7 @@ Per configuration and numeric summary metric (sweep_ci.csv, one row each):
     note              why there is no interval, or that several runs were identical (no variation
                       measured: a deterministic executor repeated on one workload draw)
 A Hydra multirun rewrites the file when the sweep ends (AggregateCallback, conf/config.yaml); a run with
-replay.repeats > 1 writes its own when its repeats end (experiments.repeats).
+replay.repeats > 1 writes its own when its repeats end (experiments.run.repeats).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ try:  # the runner extra; the rest of this module does not need Hydra
 except ImportError:  # pragma: no cover
     Callback = object
 
-from experiments.metrics import add_request_latencies, completed_mask
-from experiments.results import SWEEP_TABLE, read_sweep
-from experiments.seeds import SEED_KEYS, config_id
-from experiments.stats import quantile_interval, quantile_min_n, t_interval
+from experiments.results.files import SWEEP_TABLE, read_sweep
+from experiments.results.metrics import add_request_latencies, completed_mask
+from experiments.statistics.intervals import quantile_interval, quantile_min_n, t_interval
+from experiments.statistics.seeds import SEED_KEYS, config_id
 
 __all__ = ["aggregate", "config_id", "group_key", "wide", "write_aggregate"]
 
@@ -210,10 +210,10 @@ def wide(agg: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 
 class AggregateCallback(Callback):
     """Hydra callback (conf/config.yaml): when a multirun ends, write sweep_ci.csv next to its sweep.csv.
-    While it runs, SIGTERM / SIGHUP stop its job processes first (experiments.sweep_signals)."""
+    While it runs, SIGTERM / SIGHUP stop its job processes first (experiments.run.sweep_signals)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from experiments.sweep_signals import install
+        from experiments.run.sweep_signals import install
 
         install(on_stopped=lambda: self.on_multirun_end(config))
 
@@ -222,7 +222,7 @@ class AggregateCallback(Callback):
         try:
             out = write_aggregate(table)
         except Exception as e:  # derived data: never fail a finished sweep over it
-            print(f"experiments.aggregate: could not write {CI_TABLE} for {table}: {e}", file=sys.stderr)
+            print(f"experiments.statistics.aggregate: could not write {CI_TABLE} for {table}: {e}", file=sys.stderr)
             return
         if out is not None:
             print(f"confidence intervals: {out}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Recording the steps of a real engine: each step's shape (testbed.sim.shape) and its period.
 
-Instrumentation for calibration (experiments.calibrate) and fidelity measurements
+Instrumentation for calibration (experiments.calibration.calibrate) and fidelity measurements
 (experiments.studies.fidelity), not part of a normal run.
 """
 

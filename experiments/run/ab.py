@@ -1,6 +1,6 @@
 """Two configurations run alternately, then compared: an interleaved A/B experiment.
 
-    python -m experiments.ab --a "scheduler.max_num_seqs=4" --b "scheduler.max_num_seqs=8" \\
+    python -m experiments.run.ab --a "scheduler.max_num_seqs=4" --b "scheduler.max_num_seqs=8" \\
         --pairs 5 --warmup 1 --out results/ab/seqs  model=smollm2-135m trace=synthetic ...
 
 The trailing overrides are common to both sides; --a / --b add each side's own (either may be empty: two
@@ -10,7 +10,7 @@ objects, a torch thread pool) reaches the next: each run is what a researcher's 
 measures. (In one process a later run starts warmer than an earlier one, and both sides would have to be
 buildable side by side.) Warm-ups, both discarded: `replay.warmup_runs=K` (a common override) runs K runs of
 the configuration in each run's own process before the measured one (in repeat<i>/warmup<k>/), so the
-measured run starts warm as a repeat does in one process (experiments.repeats); `--warmup N` runs N whole
+measured run starts warm as a repeat does in one process (experiments.run.repeats); `--warmup N` runs N whole
 runs per side first, warming the machine (page cache, clocks, kernel builds).
 
 Order: warm-up runs A, B, then pair i runs A then B for even i and B then A for odd i (AB BA AB BA ...): the
@@ -20,9 +20,9 @@ difference over each two pairs; with an odd number of pairs the last pair keeps 
 Interleaving rather than running the sides one after the other follows Kalibera & Jones (2013, "Rigorous
 benchmarking in reasonable time"): the machine's slow changes then fall on both sides alike.
 
-Pair i of both sides runs with replay.repeat=i and the seeds experiments.repeats gives repeat i (so the
-same requests on both sides: the paired design of experiments.compare). <out>/A and <out>/B are repeated
-runs' folders (repeat<i>/, warmup<k>/, sweep.csv, sweep_ci.csv) that `python -m experiments.compare
+Pair i of both sides runs with replay.repeat=i and the seeds experiments.run.repeats gives repeat i (so the
+same requests on both sides: the paired design of experiments.statistics.compare). <out>/A and <out>/B are repeated
+runs' folders (repeat<i>/, warmup<k>/, sweep.csv, sweep_ci.csv) that `python -m experiments.statistics.compare
 <out>/A <out>/B` reads; <out>/ab.json records the command and each run's slot, start and exit status,
 rewritten after every run; <out>/compare.txt and compare.json hold the comparison. Ctrl-C or SIGTERM stops
 after the run in flight has written what it measured (run.py keeps a partial run, marked interrupted);
@@ -45,10 +45,10 @@ from pathlib import Path
 
 from hydra.errors import HydraException
 
-from experiments.aggregate import write_aggregate
-from experiments.atomic import atomic_write_text
-from experiments.results import SWEEP_TABLE
-from experiments.seeds import WORKLOAD_SEEDS
+from experiments.results.atomic import atomic_write_text
+from experiments.results.files import SWEEP_TABLE
+from experiments.statistics.aggregate import write_aggregate
+from experiments.statistics.seeds import WORKLOAD_SEEDS
 
 SIDES = ("A", "B")
 # set by the runner for each run: a user's value would be overwritten
@@ -93,11 +93,11 @@ def check_overrides(overrides: list[str]) -> None:
 
 
 def compose(overrides: list[str]):
-    """The composed config run.py would get, checked as run.py checks it (experiments.settings.run_settings)."""
+    """The composed config run.py would get, checked as run.py checks it (experiments.run.settings.run_settings)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
-    from experiments.settings import run_settings
+    from experiments.run.settings import run_settings
 
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = hydra_compose("config", overrides=[o for o in overrides if not _key(o).startswith("hydra.")])
@@ -108,11 +108,11 @@ def compose(overrides: list[str]):
 
 
 def repeat_overrides(cfg, pairs: int) -> list[list[str]]:
-    """Per repeat i: the overrides that give it experiments.repeats' seeds (replay.repeat=i, the redraw
+    """Per repeat i: the overrides that give it experiments.run.repeats' seeds (replay.repeat=i, the redraw
     setting resolved, each seed key offset by i)."""
     from omegaconf import OmegaConf
 
-    from experiments.repeats import repeat_configs
+    from experiments.run.repeats import repeat_configs
 
     keys = list(OmegaConf.select(cfg, "replay.repeat_seeds") or ["seed"])
     keys += [k for k in WORKLOAD_SEEDS if k not in keys and OmegaConf.select(cfg, k) is not None]
@@ -140,7 +140,7 @@ def same_workload(cfg_a, cfg_b) -> None:
 
 def run_command(overrides: list[str]) -> list[str]:
     """run.py of the package this module came from, else the installed `run` module (testbed-run)."""
-    script = Path(__file__).resolve().parents[1] / "run.py"
+    script = Path(__file__).resolve().parents[2] / "run.py"
     head = [sys.executable, str(script)] if script.exists() else [sys.executable, "-m", "run"]
     return head + overrides
 
@@ -225,7 +225,7 @@ class Runner:
 
 def _child_env() -> dict[str, str]:
     """This package first on the child's path (a worktree or checkout next to an installed copy)."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
 
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=5, help="measured runs per side (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="discarded runs per side first (default 1)")
     ap.add_argument("--out", required=True, type=Path, help="folder for A/, B/, ab.json, compare.txt (new or empty)")
-    ap.add_argument("--metric", action="append", help="compare only these metrics (as experiments.compare)")
+    ap.add_argument("--metric", action="append", help="compare only these metrics (as experiments.statistics.compare)")
     ap.add_argument("overrides", nargs="*", help="overrides common to both sides (run.py's)")
     args = ap.parse_args(argv)
     sides = {"A": shlex.split(args.a), "B": shlex.split(args.b)}
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
         seeds = {s: repeat_overrides(cfgs[s], args.pairs) for s in SIDES}
     except (ValueError, TypeError, KeyError, HydraException) as e:  # what run.py refuses, refused here
         cause = f" ({e.__cause__})" if isinstance(e, HydraException) and e.__cause__ else ""
-        print(f"experiments.ab: {e}{cause}", file=sys.stderr)
+        print(f"experiments.run.ab: {e}{cause}", file=sys.stderr)
         return 2
     runner = Runner(args.out, args.overrides, sides, args.pairs, args.warmup)
     try:
@@ -280,12 +280,12 @@ def main(argv=None) -> int:
 
 
 def _compare(out: Path, metrics: list[str] | None, finished: bool) -> int:
-    from experiments.compare import CompareError, compare
+    from experiments.statistics.compare import CompareError, compare
 
     try:
         result = compare(out / "A", out / "B", metrics=metrics)
     except CompareError as e:
-        print(f"experiments.ab: nothing to compare yet ({e})", file=sys.stderr)
+        print(f"experiments.run.ab: nothing to compare yet ({e})", file=sys.stderr)
         return 1
     text = result.text()
     atomic_write_text(out / "compare.txt", text + "\n")

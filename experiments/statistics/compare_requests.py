@@ -1,11 +1,11 @@
 """Request by request: which requests two runs share, whether they ran the same workload, and why the
-latency of the ones that changed most changed (experiments.compare)."""
+latency of the ones that changed most changed (experiments.statistics.compare)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from experiments.metrics import add_request_latencies, completed_mask
+from experiments.results.metrics import add_request_latencies, completed_mask
 
 LATENCY = ("ttft", "tpot", "e2el")  # per request, lower is better
 # what fixes a request of the workload: the same id with the same arrival and lengths is the same request

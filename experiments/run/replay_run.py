@@ -1,4 +1,4 @@
-"""One replay run's shared path, for the single-engine runner (experiments.runner) and the cluster runner
+"""One replay run's shared path, for the single-engine runner (experiments.run.runner) and the cluster runner
 (experiments.cluster.runner): the settings read from the config, the progress bar and W&B, driving the
 replay under StopSignals (a failure or a signal aborts what is in flight and keeps what was measured), the
 summary, writing the results and the sweep-table row, and how the run ends (the error re-raised, or
@@ -18,14 +18,14 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from experiments.metrics import DEFAULT_PERCENTILES, check_slo, summarize
-from experiments.replay import MODES, Replay
-from experiments.results import SWEEP_TABLE, append_sweep_row, sweep_row, write_json, write_run
-from experiments.seeds import config_id, redraw_workload
+from experiments.replay.driver import MODES, Replay
+from experiments.results.files import SWEEP_TABLE, append_sweep_row, sweep_row, write_json, write_run
+from experiments.results.metrics import DEFAULT_PERCENTILES, check_slo, summarize
+from experiments.run.stop_signals import RunInterrupted, StopSignals
+from experiments.run.wandb_logger import WandbLogger
 from experiments.sessions.metrics import session_summary, turns_table
 from experiments.sessions.replay import SessionReplay
-from experiments.stop_signals import RunInterrupted, StopSignals
-from experiments.wandb_logger import WandbLogger
+from experiments.statistics.seeds import config_id, redraw_workload
 
 
 def config_value(cfg, path: str, default=None):
@@ -223,7 +223,7 @@ def run_summary(
     cfg, setup: RunSetup, requests, steps, start, end, replay, trace_report, num_requests, stops, interrupted, error
 ) -> dict:  # fmt: skip
     """The summary of a replay (one engine or a cluster): the serving metrics, how the run went, and which
-    configuration it repeats with which seeds (experiments.aggregate)."""
+    configuration it repeats with which seeds (experiments.statistics.aggregate)."""
     slo, percentiles, resolved = setup.slo, setup.percentiles, setup.resolved
     summary = summarize(requests, steps, start, end, slo, percentiles)
     summary.update(

@@ -139,7 +139,7 @@ def step_row(stats) -> dict:
     for name in ("num_spec_tokens", "num_accepted_tokens", "grammar_time_s"):
         if hasattr(stats, name):
             row[name] = getattr(stats, name)
-    for name in STEP_ID_COLUMNS:  # who ran and who was preempted (list columns; experiments.compare)
+    for name in STEP_ID_COLUMNS:  # who ran and who was preempted (list columns; experiments.statistics.compare)
         row[name] = getattr(stats, name, None) or []
     row.update(kv_fields(stats.kv))
     return row
@@ -337,7 +337,7 @@ class Recorder:
         self.requests[spec.request_id] = request_row(spec, arrival_time)
 
     def on_delivered(self, delivered) -> None:
-        """A finished request from the replay driver (experiments.replay): its output."""
+        """A finished request from the replay driver (experiments.replay.driver): its output."""
         self.on_output(delivered.output)
 
     def on_output(self, out) -> None:

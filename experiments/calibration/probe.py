@@ -14,7 +14,7 @@ import itertools
 import statistics
 from dataclasses import dataclass
 
-from experiments.step_shapes import measure
+from experiments.calibration.step_shapes import measure
 
 # (prompt, output) lengths: two long and two short prompts, six outputs each, so the probe holds prefill
 # chunks, a step mixing the last chunk with decodes, and pure decode steps of four sequences

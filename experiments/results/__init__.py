@@ -1,0 +1,1 @@
+"""What a run measures and writes: the recorder, the serving metrics and the result files."""

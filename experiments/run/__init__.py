@@ -1,0 +1,1 @@
+"""Running an experiment: a composed config -> settings -> engine -> replay -> result files."""

@@ -1,0 +1,1 @@
+"""Repeats, confidence intervals and comparisons of runs."""
