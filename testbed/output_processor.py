@@ -67,22 +67,18 @@ class OutputProcessor:
     def process(self, updates: StepUpdates) -> list[RequestOutput]:
         """One output per (request, tokens it got this step), after the engine applied find_stops; O(1)
         each unless it finished."""
-        outputs: list[RequestOutput] = []
-        append = outputs.append
-        of_running = RequestOutput.of_running
-        for request, new_tokens in updates:
-            if not request.status.finished:
-                append(of_running(request, new_tokens))
-                continue
-            append(self.final_output(request, new_tokens))
-            group = request.group
-            if group is not None:
-                group_output = self._sequence_finished(group, outputs[-1])
-                if group_output is None and not group.forked:  # failed before its siblings started
-                    group_output = self._end_unstarted(group, request)
-                if group_output is not None:
-                    append(group_output)
-        return outputs
+        return RequestOutput.of_step(updates.requests, updates.new_tokens, self._ended)
+
+    def _ended(self, request: Request, new_tokens: list[int]) -> list[RequestOutput]:
+        """A finished request's final output, then its group's final output if this ends the group."""
+        output = self.final_output(request, new_tokens)
+        group = request.group
+        if group is None:
+            return [output]
+        group_output = self._sequence_finished(group, output)
+        if group_output is None and not group.forked:  # failed before its siblings started
+            group_output = self._end_unstarted(group, request)
+        return [output] if group_output is None else [output, group_output]
 
     def _sequence_finished(self, group: SequenceGroup, seq_output: RequestOutput) -> RequestOutput | None:
         final = group.sequence_finished(seq_output)

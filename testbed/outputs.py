@@ -183,18 +183,28 @@ class RequestOutput:
         return out
 
     @classmethod
-    def of_running(cls, request, new_token_ids: list[int]) -> "RequestOutput":
-        """of_request for a request that has not finished (no finish reason, no text yet): the output of
-        almost every request in almost every step, hence its own shorter path."""
-        out = cls.__new__(cls)
-        out.request_id, out.prompt_token_ids, out.finished = request.output_id, request.prompt_token_ids, False
-        out.new_token_ids, out.prompt, out.prompt_logprobs = new_token_ids, None, request.prompt_logprobs
-        out._outputs = out._metrics = out._finish = None
-        out._request, out._num_tokens, out._text = request, len(request.output_token_ids), ""
-        out._num_logprobs = len(request.output_logprobs) if request.returns_logprobs else None
-        out._num_preemptions = request.num_preemptions
-        out._cumulative = request.cumulative_logprob if request.computes_logprobs else None
-        return out
+    def of_step(cls, requests: list, new_tokens: list[list[int]], ended) -> list["RequestOutput"]:
+        """The outputs of a step, in batch order: of_request for each request still running (no finish
+        reason, no text yet: the output of almost every request in almost every step, so its fields are
+        set here in one loop), and what `ended(request, its new tokens)` returns (a list) for each that
+        finished."""
+        outputs: list[RequestOutput] = []
+        append = outputs.append
+        new = cls.__new__
+        for request, tokens in zip(requests, new_tokens):
+            if request.status.finished:
+                outputs += ended(request, tokens)
+                continue
+            out = new(cls)
+            out.request_id, out.prompt_token_ids, out.finished = request.output_id, request.prompt_token_ids, False
+            out.new_token_ids, out.prompt, out.prompt_logprobs = tokens, None, request.prompt_logprobs
+            out._outputs = out._metrics = out._finish = None
+            out._request, out._num_tokens, out._text = request, len(request.output_token_ids), ""
+            out._num_logprobs = len(request.output_logprobs) if request.returns_logprobs else None
+            out._num_preemptions = request.num_preemptions
+            out._cumulative = request.cumulative_logprob if request.computes_logprobs else None
+            append(out)
+        return outputs
 
     @property
     def outputs(self) -> list[CompletionOutput]:

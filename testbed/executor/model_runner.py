@@ -64,7 +64,9 @@ class ModelRunner(StepExecutor):
             self.spec.observe(inputs)  # a draft model writes its KV into the same slots
         errors: dict[str, str] = {}  # request id -> message (testbed.isolation)
         prompt_lps = self._prompt_logprobs(out, hidden, errors)  # None unless a request asks
-        rows = [i for i, k in enumerate(inputs.num_logits) if k]
+        num_logits = inputs.num_logits
+        every = all(num_logits)  # decode: every request samples, its logits row in batch order
+        rows = list(range(len(num_logits))) if every else [i for i, k in enumerate(num_logits) if k]
         if not rows:
             return ExecutorOutput([None] * len(out.requests), None, prompt_lps, errors or None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -73,10 +75,14 @@ class ModelRunner(StepExecutor):
             sampled_drafts, draft_logprobs = self._verify(out.requests, inputs.num_logits, logits, errors)
             return ExecutorOutput(sampled_drafts, draft_logprobs, prompt_lps, errors or None)
         # one token per request here (one logits row each, in order)
-        tokens, lps = self._sample(logits, [out.requests[i] for i in rows], errors)
-        sampled: list[list[int] | None] = [None] * len(out.requests)
-        for j, i in enumerate(rows):
-            sampled[i] = [tokens[j]]
+        tokens, lps = self._sample(logits, out.requests if every else [out.requests[i] for i in rows], errors)
+        sampled: list[list[int] | None]
+        if every:
+            sampled = [[token] for token in tokens]
+        else:
+            sampled = [None] * len(out.requests)
+            for j, i in enumerate(rows):
+                sampled[i] = [tokens[j]]
         if lps is None:
             return ExecutorOutput(sampled, None, prompt_lps, errors or None)
         logprobs: list[list[dict] | None] = [None] * len(out.requests)
