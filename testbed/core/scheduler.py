@@ -192,8 +192,8 @@ class Scheduler:
         requests, num_new_tokens = out.requests, out.num_new_tokens
         computed_before, known_before = out.num_computed_tokens, out.num_known_tokens
         num_prefill = num_decode = 0
-        i = 0
-        while i < len(running) and budget > 0:
+        i, num_running = 0, len(running)  # changes only when _make_room preempts
+        while i < num_running and budget > 0:
             request = running[i]
             computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
             num_tokens = len(request.all_token_ids) + placeholders
@@ -209,12 +209,11 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            if (
-                computed + num_new > slot_limit(request.request_id, -1)
-                and allocate(request, num_new) is None
-                and not self._make_room(out, request, num_new, i, now)
-            ):
-                continue  # the request itself was preempted: running[i] is the next one
+            if computed + num_new > slot_limit(request.request_id, -1) and allocate(request, num_new) is None:
+                made_room = self._make_room(out, request, num_new, i, now)
+                num_running = len(running)
+                if not made_room:
+                    continue  # the request itself was preempted: running[i] is the next one
             requests.append(request)
             num_new_tokens.append(num_new)
             computed_before.append(computed)
