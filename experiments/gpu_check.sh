@@ -5,7 +5,7 @@
 #   2. throughput benchmark, llama-3.2-1b shape (bf16, random weights), 256 requests: engine (triton, torch),
 #      transformers static generate, transformers continuous batching, roofline bound
 #   3. Triton kernel check (experiments/gpu_kernel_check.py): correctness + timings at realistic shapes
-#   4. host-side cost per step (null executor) on that machine's CPU
+#   4. host-side cost per step (host executor, executor=host) on that machine's CPU
 #   5. GPU idle time between steps, synchronous vs async scheduling (torch profiler)
 #   6. simulator fidelity on the GPU: a calibration (step profile + operator microbenchmarks, its self-check
 #      recorded; --force so a noisy one still yields figures, marked so) and a reduced fidelity study

@@ -6,16 +6,16 @@ from operator import attrgetter
 
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
+from testbed.core.allocators.base import KVCacheStats
 from testbed.core.host_tier import attach_host_tier
-from testbed.core.kv_cache_manager import KVCacheStats
 from testbed.core.policies import get_policy
 from testbed.core.sched_output import SchedulerOutput
 from testbed.core.scheduler import Scheduler, SchedulerLimits
 from testbed.core.step_updates import StepUpdates
 from testbed.core.swap import SwapManager
+from testbed.executor.async_scheduling import AsyncStepRunner
 from testbed.executor.base import ExecutorOutput
 from testbed.executor.kv_cache import kv_bytes_per_block, kv_cache_dtype, num_host_blocks
-from testbed.executor.overlap import OverlappedSteps
 from testbed.executor.sampler import Sampler
 from testbed.executor_kinds import executor_kind
 from testbed.input_processor import InputProcessor
@@ -50,15 +50,16 @@ class Engine:
         if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
         model = config.model
-        spec = load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
-        check_tensor_parallel(config.parallel.tensor_parallel_size, spec.arch, spec.name)  # before any block is made
+        model_spec = load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
+        # before any block is made
+        check_tensor_parallel(config.parallel.tensor_parallel_size, model_spec.arch, model_spec.name)
         self.arch, self.tokenizer, self.model_name, self.max_model_len = (
-            spec.arch,
-            spec.tokenizer,
-            spec.name,
-            spec.max_model_len,
+            model_spec.arch,
+            model_spec.tokenizer,
+            model_spec.name,
+            model_spec.max_model_len,
         )
-        self.eos_token_ids = spec.eos_token_ids
+        self.eos_token_ids = model_spec.eos_token_ids
         num_blocks = kind.num_blocks(self.arch, self.kv_dtype)
         self.kv = get_allocator(
             cache.name,
@@ -89,10 +90,12 @@ class Engine:
             config.structured_outputs,
             self.max_model_len,
         )
-        self.executor, self.model, self.spec = kind.build(spec, self.sampler, num_blocks, num_cpu_blocks, block_bytes)
+        self.executor, self.model, self.speculator = kind.build(
+            model_spec, self.sampler, num_blocks, num_cpu_blocks, block_bytes
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.pipeline = OverlappedSteps(self.executor) if self._async_scheduling(config) else None
-        self.inflight = None  # (start, SchedulerOutput, Future) of the step running on the pipeline
+        self.async_steps = AsyncStepRunner(self.executor) if self._async_scheduling(config) else None
+        self.running_step = None  # async scheduling: (start, SchedulerOutput, Future) of the step on the worker
         # requests whose next step must see their last token on the host (penalties, grammars, prompt
         # logprobs): while one runs, a step is finished before the next is scheduled
         self._needs_last_tokens: set[str] = set()
@@ -104,7 +107,7 @@ class Engine:
         self.run_callbacks: dict = {}
         self.input_processor = InputProcessor(config, self.max_model_len, self.arch.vocab_size, self.kv, self.sampler)
         # a simulation's step skipping (step(horizon=...)); None: one step at a time
-        speculating = self.spec is not None
+        speculating = self.speculator is not None
         self.decode_runs = kind.decode_runs(
             self.scheduler, self.kv, self.executor, self._emit_run, self._kv_compact, speculating
         )
@@ -146,7 +149,7 @@ class Engine:
         self.scheduler.add_request(request)
         for sequence in request.group.sequences if request.group else [request]:
             self.output_processor.add_request(sequence)
-        if self.pipeline is not None and (params.uses_processors or params.prompt_logprobs is not None):
+        if self.async_steps is not None and (params.uses_processors or params.prompt_logprobs is not None):
             sequences = request.group.sequences if request.group else [request]
             self._needs_last_tokens.update(s.request_id for s in sequences)
         return request
@@ -155,7 +158,7 @@ class Engine:
         """As the executor kind has it by default (the real engine: on CUDA); never where it refuses (a
         simulation: its clock is the cost model's) or with speculative decoding (the next step's drafts
         need this step's tokens)."""
-        wanted, speculating = config.scheduler.async_scheduling, self.spec is not None
+        wanted, speculating = config.scheduler.async_scheduling, self.speculator is not None
         if wanted is None:
             return self.executor_kind.async_by_default(speculating)
         what = self.executor_kind.async_refused or ("speculative decoding" if speculating else None)
@@ -180,7 +183,7 @@ class Engine:
         return None if request is None else self.output_processor.final_output(request, [])
 
     def has_unfinished(self) -> bool:
-        return self.inflight is not None or self.scheduler.has_unfinished()
+        return self.running_step is not None or self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, horizon: float | None = None, sends_on_finish: bool = True) -> list[RequestOutput]:
@@ -195,8 +198,8 @@ class Engine:
         returned). None: one step. sends_on_finish: the caller may add a request when one finishes
         (closed loop, sessions), so a step in which one finished ends there; False (it sends by the clock
         alone, as an open-loop replay): the horizon holds past it."""
-        if self.pipeline is not None:
-            return self._step_overlapped()
+        if self.async_steps is not None:
+            return self._step_async()
         start = self.clock()
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -220,34 +223,34 @@ class Engine:
         updates = scheduler.update(sched, result.sampled, result.logprobs, result.errors)
         for request, status, error in self.output_processor.find_stops(updates):  # stop strings, failed decodes
             scheduler.finish_with_status(request, status, error)
-        if self.spec:
-            self._apply_proposal(self.spec.propose(scheduler.running), updates)
+        if self.speculator:
+            self._apply_proposal(self.speculator.propose(scheduler.running), updates)
         outputs = self.output_processor.process(updates)
         if self._needs_last_tokens:
             self._needs_last_tokens.difference_update(o.request_id for o in outputs if o.finished)
         self._record_step(start, sched)
         return outputs
 
-    def _step_overlapped(self) -> list[RequestOutput]:
+    def _step_async(self) -> list[RequestOutput]:
         outputs = []
-        if self.inflight is not None and self._needs_last_tokens:
-            outputs = self._finish_inflight()  # some request's next step needs this step's token on the host
+        if self.running_step is not None and self._needs_last_tokens:
+            outputs = self._finish_running_step()  # some request's next step needs this step's token on the host
         start = self.clock()
         sched = self.scheduler.schedule()
-        future = self._guarded(sched, self.pipeline.submit, sched) if not sched.is_empty else None
-        if self.inflight is not None:
-            outputs += self._finish_inflight()
+        future = self._guarded(sched, self.async_steps.submit, sched) if not sched.is_empty else None
+        if self.running_step is not None:
+            outputs += self._finish_running_step()
         elif future is None and not outputs:
             self._check_not_stalled()
         if isinstance(future, ExecutorOutput):  # preparing it failed: finish it now, failed
             outputs += self._finish_step(start, sched, future)
         elif future is not None:
-            self.inflight = (start, sched, future)
+            self.running_step = (start, sched, future)
         return outputs
 
-    def _finish_inflight(self) -> list[RequestOutput]:
-        start, sched, future = self.inflight
-        self.inflight = None
+    def _finish_running_step(self) -> list[RequestOutput]:
+        start, sched, future = self.running_step
+        self.running_step = None
         return self._finish_step(start, sched, self._guarded(sched, future.result))
 
     def _guarded(self, sched: SchedulerOutput, call, *args):
@@ -383,10 +386,10 @@ class Engine:
     @property
     def spec_stats(self) -> dict:
         """Speculative decoding counters (empty without speculation)."""
-        return self.spec.stats() if self.spec else {}
+        return self.speculator.stats() if self.speculator else {}
 
     def close(self) -> None:
         """Release what outlives the engine object: the async-step thread and tensor-parallel workers."""
-        if self.pipeline is not None:
-            self.pipeline.close()
+        if self.async_steps is not None:
+            self.async_steps.close()
         self.executor.close()

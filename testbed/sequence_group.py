@@ -7,7 +7,7 @@ sequences (`Scheduler._fork`): each takes a reference on the leader's blocks hol
 tokens (L = prompt length) and starts with L - 1 tokens computed, so its first step computes the prompt's last
 token again and gets its own logits row, from which it draws its first token with its own seed stream. The
 last shared block is partly filled (or holds the prompt's last token): whichever sequence writes into it while
-others still hold it first gets a private copy (`KVCacheManager.allocate_slots`, copy on write), a copy that
+others still hold it first gets a private copy (`PagedAllocator.allocate_slots`, copy on write), a copy that
 reaches the executor in the SchedulerOutput's `kv_copies`, run before the forward.
 
 Why fork after the leader's first token and recompute one token per sibling, instead of drawing best_of tokens

@@ -97,7 +97,7 @@ PreemptingSchedulerSchema = schema(
 # executor=real's own settings (CUDA graphs) are the library's; host: its step time; sim: SimConfig's fields,
 # the device being the device group's sheet (a user's cost model takes +executor.cost_model_options={...})
 ExecutorSchema = schema("ExecutorSchema", fields_of(ExecutorConfig, "name"))
-NullExecutorSchema = schema("NullExecutorSchema", fields_of(ExecutorConfig, "name", "step_time_s"))
+HostExecutorSchema = schema("HostExecutorSchema", fields_of(ExecutorConfig, "name", "step_time_s"))
 SimExecutorSchema = schema(
     "SimExecutorSchema", fields_of(ExecutorConfig, "name"), fields_of(SimConfig, skip=("device", "cost_model_options"))
 )
@@ -181,7 +181,7 @@ class KernelSchema:
 SCHEMAS: dict[str, dict[str, type]] = {
     "cache": {"paged": PagedCacheSchema, "static": CacheSchema},
     "scheduler": {"default": SchedulerSchema, "preempting": PreemptingSchedulerSchema},
-    "executor": {"real": ExecutorSchema, "host": NullExecutorSchema, "sim": SimExecutorSchema},
+    "executor": {"real": ExecutorSchema, "host": HostExecutorSchema, "sim": SimExecutorSchema},
     "spec": {"none": SpecSchema, "draft": DraftSpecSchema, "layerskip": LayerSkipSpecSchema, "ngram": NgramSpecSchema},
     "cluster": {"default": ClusterSchema},
     "replay": {"default": ReplaySchema},

@@ -1,6 +1,6 @@
 """The block hashes a router sees: the same chained hashes the engine's prefix cache uses."""
 
-from testbed.core.kv_cache_manager import hash_block
+from testbed.core.allocators.paged import hash_block
 
 
 def leading_block_hashes(prompt_token_ids, block_size: int, max_blocks: int | None = None) -> list[int]:

@@ -248,7 +248,7 @@ class SimulatedCluster:
         runs = engine.decode_runs
         # a replica that can only decode goes straight into the run: the engine step that would start
         # it is one of the run's steps (none of them finishes a request, so there is nothing to return)
-        if horizon is not None and runs is not None and engine.pipeline is None and runs.run(horizon):
+        if horizon is not None and runs is not None and engine.async_steps is None and runs.run(horizon):
             return []
         return engine.step(horizon)
 

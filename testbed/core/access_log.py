@@ -3,13 +3,13 @@
 Three kinds of event, in the order they happen:
 
     lookup   a request's first scheduling: its id, prompt length, and the chained hashes of the prompt
-             blocks a prefix hit could cover (KVCacheManager.get_computed_blocks), first block first;
+             blocks a prefix hit could cover (PagedAllocator.get_computed_blocks), first block first;
              placed where the lookup was made (`mark`), before the blocks its allocation then cached
     cache    a block was registered under its hash (it became hittable)
     release  a block joined the free queue (its last holder let go), hash or None for a block holding no
              full prefix; in queue order, so with LRU eviction the stream fixes the eviction order
 
-Off unless a recorder asks for it (`KVCacheManager.start_access_log`): the hot paths then pay one
+Off unless a recorder asks for it (`PagedAllocator.start_access_log`): the hot paths then pay one
 attribute test per block event.
 """
 

@@ -6,7 +6,7 @@ needs (block-table changes, swap copies, finished ids); an executor never reads 
 
 A step is two halves: `prepare` (host work from the SchedulerOutput: block tables, staged inputs) and
 `run` (the device work and sampling). `execute` is one after the other; with async scheduling the engine
-prepares step N+1 while step N runs (testbed/executor/overlap.py).
+prepares step N+1 while step N runs (testbed/executor/async_scheduling.py).
 
 A failure that belongs to some requests (their sampling, prompt logprobs, verification) is reported in
 `errors`, and the rest of the step is served; an executor raises only for what no request is to blame

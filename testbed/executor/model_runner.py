@@ -39,7 +39,7 @@ class ModelRunner(StepExecutor):
         self.input_buffers = buffers
         self.sampler = sampler
         self.copier = copier  # runs the block copies (swap, copy on write) the SchedulerOutput carries
-        self.spec = speculator  # testbed.spec.Speculator (verifies drafts; a draft model observes inputs)
+        self.speculator = speculator  # testbed.spec.Speculator (verifies drafts; a draft model observes inputs)
         self.cuda_graphs = cuda_graphs  # testbed.executor.cuda_graphs.CudaGraphRunner: decode steps replay graphs
         self.last_inputs: ModelInputs | None = None
 
@@ -60,8 +60,8 @@ class ModelRunner(StepExecutor):
         hidden = self.cuda_graphs.replay(pad_to, len(out.requests)) if pad_to is not None else None
         if hidden is None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if self.spec is not None:
-            self.spec.observe(inputs)  # a draft model writes its KV into the same slots
+        if self.speculator is not None:
+            self.speculator.observe(inputs)  # a draft model writes its KV into the same slots
         errors: dict[str, str] = {}  # request id -> message (testbed.isolation)
         prompt_lps = self._prompt_logprobs(out, hidden, errors)  # None unless a request asks
         num_logits = inputs.num_logits
@@ -70,7 +70,7 @@ class ModelRunner(StepExecutor):
         if not rows:
             return ExecutorOutput([None] * len(out.requests), None, prompt_lps, errors or None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        if self.spec is not None and any(k > 1 for k in inputs.num_logits):
+        if self.speculator is not None and any(k > 1 for k in inputs.num_logits):
             # 1 + k rows for a request with k drafts: speculative verification
             sampled_drafts, draft_logprobs = self._verify(out.requests, inputs.num_logits, logits, errors)
             return ExecutorOutput(sampled_drafts, draft_logprobs, prompt_lps, errors or None)
@@ -121,13 +121,13 @@ class ModelRunner(StepExecutor):
     def _verify(self, requests: list, num_logits: list[int], logits: torch.Tensor, errors: dict[str, str]):
         """Speculative verification over the batch; if it raises, request by request over its own rows."""
         try:
-            return self.spec.verify(requests, num_logits, logits, self.sampler)
+            return self.speculator.verify(requests, num_logits, logits, self.sampler)
         except Exception as e:
             offsets = [0]
             for n in num_logits:
                 offsets.append(offsets[-1] + n)
             alone, failed = find_culprits(
-                lambda i: self.spec.verify(
+                lambda i: self.speculator.verify(
                     [requests[i]], [num_logits[i]], logits[offsets[i] : offsets[i + 1]], self.sampler
                 ),
                 [i for i, n in enumerate(num_logits) if n],

@@ -4,7 +4,7 @@ most likely tokens there (vLLM's SamplingParams.prompt_logprobs; raw log-softmax
 Scored as prefill chunks run: the hidden state at position q gives the logprobs of prompt token q + 1.
 A request records each position once (`request.prompt_logprobs` grows in order), so a recompute after
 preemption scores nothing twice. Prefix-cache hits would skip positions, so, as in vLLM v1
-(KVCacheManager.get_computed_blocks), a request asking for prompt logprobs bypasses the prefix cache.
+(PagedAllocator.get_computed_blocks), a request asking for prompt logprobs bypasses the prefix cache.
 """
 
 import torch

@@ -205,7 +205,7 @@ class ServerMetrics:
             self.iteration_tokens.observe(stats.num_prefill_tokens + stats.num_decode_tokens)
             if stats.grammar_time_s:
                 self.grammar_time.inc(stats.grammar_time_s)
-        spec = engine.spec  # the speculator (None without speculative decoding)
+        spec = engine.speculator  # the speculator (None without speculative decoding)
         if spec is not None:
             m = spec.metrics
             self._advance(self.spec_drafts, "spec_drafts", m.num_drafts)

@@ -23,7 +23,7 @@ tests/sim/test_decode_runs.py; `executor.skip_steps=false` turns skipping off.
 
 import heapq
 
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.core.policies.base import SchedulingPolicy
 from testbed.request import RequestStatus
 from testbed.sim.clock import VirtualClock
@@ -51,15 +51,15 @@ class DecodeRuns:
         self.kv_stats = kv_stats
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self._steady_policy = _steady(scheduler.policy)
-        self._paged = isinstance(kv, KVCacheManager)
+        self._paged = isinstance(kv, PagedAllocator)
         # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
         # the stats object), unless a subclass reports it differently
         cls = type(kv)
         self._compact_stats = (
             kv.compact_stats
             if self._paged
-            and cls.running_stats is KVCacheManager.running_stats
-            and cls.stats_from_counters is KVCacheManager.stats_from_counters
+            and cls.running_stats is PagedAllocator.running_stats
+            and cls.stats_from_counters is PagedAllocator.stats_from_counters
             else None
         )
 
@@ -68,7 +68,7 @@ class DecodeRuns:
         sched, ex = self.scheduler, self.executor
         if not self._steady_policy or sched.waiting or not sched.running or ex.cost_model is None:
             return 0
-        if ex.recorded is not None or ex.spec is not None or sched.seats.reserved:
+        if ex.recorded is not None or ex.speculator is not None or sched.seats.reserved:
             return 0
         running, token = sched.running, ex.token_id
         if len(running) > sched.config.max_num_batched_tokens:

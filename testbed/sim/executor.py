@@ -35,7 +35,7 @@ class SimExecutor(StepExecutor):
         self.recorded = recorded  # replay_steps: testbed.sim.recorded_run.RecordedRun, checked step by step
         self.clock = clock
         self.token_id = token_id
-        self.spec = speculator
+        self.speculator = speculator
         self.spec_acceptance = spec_acceptance
         self.rng = random.Random(seed)
         self.num_steps = 0
@@ -80,6 +80,6 @@ class SimExecutor(StepExecutor):
         accepted = 0
         while accepted < num_drafts and self.rng.random() < self.spec_acceptance:
             accepted += 1
-        if self.spec is not None:
-            self.spec.metrics.record(num_drafts, accepted)
+        if self.speculator is not None:
+            self.speculator.metrics.record(num_drafts, accepted)
         return [*request.spec_token_ids[:accepted], self.token_id]

@@ -8,7 +8,7 @@ from testbed.cluster.config import ClusterConfig
 from testbed.cluster.prefix import leading_block_hashes
 from testbed.cluster.routers import ROUTERS, NoHealthyReplica, ReplicaSnapshot, RouteRequest, get_router
 from testbed.cluster.routers.prefix_affinity import HashRing, cached_prefix_blocks
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
 
@@ -92,7 +92,7 @@ def hashes_of(tokens, block_size=16):
 
 def test_leading_block_hashes_are_the_engine_prefix_cache_hashes():
     tokens = list(range(100, 170))  # 70 tokens: 4 full blocks of 16, the hittable ones are (70 - 1) // 16 = 4
-    kv = KVCacheManager(num_blocks=16, block_size=16)
+    kv = PagedAllocator(num_blocks=16, block_size=16)
     req = Request("a", tokens, SamplingParams(max_tokens=4), 0.0)
     kv.allocate_slots(req, len(tokens))
     assert hashes_of(tokens) == req.block_hashes[:4]

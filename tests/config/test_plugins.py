@@ -38,7 +38,7 @@ class DeadlineFirst(SchedulingPolicy):
 PARTS = '''
 from testbed.cluster.routers.round_robin import RoundRobinRouter
 from testbed.core.block_pool import FreeBlockQueue
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.paged import PagedAllocator
 
 
 class EveryOther(RoundRobinRouter):
@@ -51,7 +51,7 @@ class MRUQueue(FreeBlockQueue):
     pass
 
 
-class MyPaged(KVCacheManager):
+class MyPaged(PagedAllocator):
     pass
 
 

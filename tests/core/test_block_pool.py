@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.executor.block_tables import BlockTables
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
@@ -22,7 +22,7 @@ class PoolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.kv is None)
     @rule(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 3, 4, 16]), caching=st.booleans())
     def setup(self, num_blocks, block_size, caching):
-        self.kv = KVCacheManager(num_blocks, block_size, caching)
+        self.kv = PagedAllocator(num_blocks, block_size, caching)
         # persistent block-table rows kept by the manager's change reports only (tiny: rows/width grow)
         self.tables = BlockTables(1, 1)
 
@@ -123,7 +123,7 @@ def test_duplicate_full_blocks_stay_hittable():
     """Two requests computing the same prompt at once each fill blocks with the same hashes. Both copies are
     counted as cached, so both must be hittable: after the first copy is evicted, the second serves hits
     (vLLM v1 keeps duplicates in its hash map; first-writer-wins left the second unreachable)."""
-    kv = KVCacheManager(num_blocks=8, block_size=4)
+    kv = PagedAllocator(num_blocks=8, block_size=4)
     prompt = list(range(10, 19))  # 9 tokens: 2 full blocks + 1 token
     r1, r2 = (Request(rid, prompt, SamplingParams()) for rid in ("r1", "r2"))
     assert kv.get_computed_blocks(r1)[1] == kv.get_computed_blocks(r2)[1] == 0  # both looked up: no hit yet

@@ -62,9 +62,9 @@ def test_block_hashes_are_the_same_in_every_process():
     import subprocess
     import sys
 
-    from testbed.core.kv_cache_manager import hash_block
+    from testbed.core.allocators.paged import hash_block
 
-    code = "from testbed.core.kv_cache_manager import hash_block; print(hash_block(hash_block(None, [1, 2]), [3]))"
+    code = "from testbed.core.allocators.paged import hash_block; print(hash_block(hash_block(None, [1, 2]), [3]))"
     here = hash_block(hash_block(None, [1, 2]), [3])
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}

@@ -5,9 +5,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.core.host_tier import HostKVTier
-from testbed.core.kv_cache_manager import KVCacheManager
 from testbed.core.workload_eviction import WorkloadAwareFreeQueue
 from testbed.core.workload_hist_eviction import EmpiricalReuseFreeQueue
 from testbed.request import Request
@@ -22,7 +22,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.kv = KVCacheManager(12, 2, True, eviction="workload")
+        self.kv = PagedAllocator(12, 2, True, eviction="workload")
         self.kv.host_tier = HostKVTier(self.kv, 5, first_id=3, write="back")
         self.live = {}
         self.n = 0
@@ -182,7 +182,7 @@ def test_the_request_class_label_separates_blocks_of_one_depth():
 
 
 def test_the_kv_manager_labels_cached_blocks_with_the_request_class():
-    kv = KVCacheManager(8, 2, True, eviction="workload")
+    kv = PagedAllocator(8, 2, True, eviction="workload")
     r = Request("r", [1, 2, 3, 4, 5], SamplingParams(extra_args={"request_class": 3}))
     blocks, cached = kv.get_computed_blocks(r)
     kv.allocate_slots(r, 5 - cached, blocks)
@@ -193,7 +193,7 @@ def test_the_kv_manager_labels_cached_blocks_with_the_request_class():
 
 
 def test_the_kv_manager_reports_a_recomputed_evicted_prefix_as_a_reuse():
-    kv = KVCacheManager(2, 2, True, eviction="workload")
+    kv = PagedAllocator(2, 2, True, eviction="workload")
 
     def run(rid, prompt):
         r = Request(rid, prompt, SamplingParams(extra_args={"request_class": 0}))

@@ -24,7 +24,7 @@ def generate(async_scheduling, params, **kw):
     llm = LLM(model="tiny", kernel="torch", async_scheduling=async_scheduling, **kw)
     outs = llm.generate(prompts(), params)
     engine = llm.engine
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.inflight is None
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.running_step is None
     return [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs], engine
 
 
@@ -41,9 +41,9 @@ CASES = {
 def test_greedy_tokens_equal_the_synchronous_engine(case):
     params = [SamplingParams(temperature=0, max_tokens=6 + 3 * (i % 5), ignore_eos=True) for i in range(12)]
     sync, _ = generate(False, params, **CASES[case])
-    overlapped, engine = generate(True, params, **CASES[case])
-    assert overlapped == sync
-    assert engine.pipeline is not None and engine.step_count > 10
+    asynchronous, engine = generate(True, params, **CASES[case])
+    assert asynchronous == sync
+    assert engine.async_steps is not None and engine.step_count > 10
     if case.startswith("preempt"):
         assert engine.scheduler.num_preemptions > 0
 
@@ -56,8 +56,8 @@ def test_early_stops_waste_one_step_and_free_everything():
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[ids[3]]) for ids, _ in reference
     ]
     sync, _ = generate(False, stops, num_blocks=400)
-    overlapped, _ = generate(True, stops, num_blocks=400)
-    assert overlapped == sync
+    asynchronous, _ = generate(True, stops, num_blocks=400)
+    assert asynchronous == sync
     assert all(reason == "stop" for _, reason in sync)
 
 
@@ -75,8 +75,8 @@ def test_requests_needing_their_last_token_are_served_in_order():
         for i in range(12)
     ]
     sync, _ = generate(False, params, num_blocks=400)
-    overlapped, engine = generate(True, params, num_blocks=400)
-    assert overlapped == sync and not engine._needs_last_tokens
+    asynchronous, engine = generate(True, params, num_blocks=400)
+    assert asynchronous == sync and not engine._needs_last_tokens
 
 
 def test_the_next_step_is_prepared_while_this_one_runs():
@@ -109,7 +109,7 @@ def test_async_scheduling_refuses_what_it_cannot_overlap():
         LLM(model="tiny", async_scheduling=True, speculative_config={"method": "ngram"}, num_blocks=64)
     with pytest.raises(ValueError, match="a simulation"):
         LLM(model="tiny", async_scheduling=True, executor="sim", sim_config={"device": "h100-sxm"}, num_blocks=64)
-    assert LLM(model="tiny", num_blocks=64).engine.pipeline is None  # CPU default: synchronous
+    assert LLM(model="tiny", num_blocks=64).engine.async_steps is None  # CPU default: synchronous
 
 
 def test_a_failing_request_or_step_under_async_scheduling(monkeypatch):
@@ -148,7 +148,7 @@ def test_a_failing_request_or_step_under_async_scheduling(monkeypatch):
     again = llm.generate(prompts(4), params[:4])  # the engine keeps serving, with the right tokens
     reference = LLM(model="tiny", kernel="torch", num_blocks=400).generate(prompts(4), params[:4])
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in reference]
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.inflight is None
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks and engine.running_step is None
 
 
 @pytest.mark.parametrize("case", ["fcfs", "preempt_recompute"])

@@ -40,7 +40,7 @@ def test_proposal_returns_drafts_and_the_scheduler_takes_them():
     llm = LLM(model="tiny", num_blocks=64, block_size=4, speculative_config=NGRAM)
     engine = llm.engine
     engine.add_request("a", [7, 8, 9, 10] * 5, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    propose, proposals = engine.spec.propose, []
+    propose, proposals = engine.speculator.propose, []
 
     def recording_propose(running):
         before = [list(r.spec_token_ids) for r in running]
@@ -49,7 +49,7 @@ def test_proposal_returns_drafts_and_the_scheduler_takes_them():
         proposals.append(proposal)
         return proposal
 
-    engine.spec.propose = recording_propose
+    engine.speculator.propose = recording_propose
     while engine.has_unfinished():
         engine.step()
         if proposals and proposals[-1].drafts:

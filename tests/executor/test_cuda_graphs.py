@@ -237,11 +237,11 @@ def test_pinned_staging_on_cuda():
 @pytest.mark.gpu
 @needs_cuda
 def test_async_scheduling_with_graphs_matches_synchronous():
-    """Async scheduling is the CUDA default: the overlapped engine (graphs on, placeholders filled from the
+    """Async scheduling is the CUDA default: the async-scheduling engine (graphs on, placeholders filled from the
     previous step) gives the synchronous engine's greedy tokens."""
     prompts = random_prompts(24, 20, 300, seed=4)
     kw = dict(model="tiny", kernel="triton", max_num_seqs=16, max_model_len=1024, num_blocks=2048, dtype="float32")
     sync = greedy(LLM(**kw, async_scheduling=False), prompts, max_tokens=20)
     llm = LLM(**kw)
-    assert llm.engine.pipeline is not None, "async scheduling should be on by default on CUDA"
+    assert llm.engine.async_steps is not None, "async scheduling should be on by default on CUDA"
     assert greedy(llm, prompts, max_tokens=20) == sync

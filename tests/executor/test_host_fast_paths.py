@@ -12,7 +12,7 @@ import pytest
 
 from testbed import LLM, SamplingParams
 from testbed.core.allocators.base import final_length
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerLimits
 from testbed.request import Request
@@ -50,7 +50,7 @@ class StepCheck:
             sched.blocked_request,
         )
         assert stats.kv == full, (stats.kv, full)
-        if isinstance(kv, KVCacheManager):
+        if isinstance(kv, PagedAllocator):
             assert kv.num_held_blocks_total == sum(len(b) for b in kv.req_blocks.values())
             bs = kv.block_size
             for rid, limit in kv.req_fast_limit.items():  # the no-op window of allocate_slots is sound
@@ -126,7 +126,7 @@ def test_fast_paths_match_slow_ones_every_step(mode):
     assert check.steps > 20 and aborted > 0
     assert engine.scheduler.running_computed_tokens == 0
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
-    if isinstance(engine.kv, KVCacheManager):
+    if isinstance(engine.kv, PagedAllocator):
         assert engine.kv.num_held_blocks_total == 0 and engine.kv.num_internal_slots == 0
     if mode in ("preempt_prefix", "swap", "spec_ngram", "no_prefix_cache"):
         assert engine.scheduler.num_preemptions > 0
@@ -152,7 +152,7 @@ def test_stop_filter_equals_checking_every_token():
     for _ in range(400):
         max_model_len = rng.randrange(8, 40)
         sched = Scheduler(
-            SchedulerLimits(max_model_len=max_model_len), KVCacheManager(64, 4), get_policy("fcfs"), clock=lambda: 0.0
+            SchedulerLimits(max_model_len=max_model_len), PagedAllocator(64, 4), get_policy("fcfs"), clock=lambda: 0.0
         )
         params = SamplingParams(
             max_tokens=rng.choice([None, 1, 3, 10, 50]),

@@ -124,7 +124,7 @@ def test_tp2_matches_tp1_with_async_scheduling():
     ref = run(engine(1), PROMPTS[3:], params)
     tp = engine(2, async_scheduling=True)
     try:
-        assert tp.pipeline is not None
+        assert tp.async_steps is not None
         got = run(tp, PROMPTS[3:], params)
     finally:
         tp.close()

@@ -42,8 +42,8 @@ def assert_clean(llm: LLM, gone_ids: list[str]) -> None:
         assert rid not in sampler.generators and rid not in sampler.matchers
         assert rid not in sampler.processors.state
         assert rid not in engine.output_processor._detokenizers
-        if engine.spec:
-            assert rid not in engine.spec.draft_probs
+        if engine.speculator:
+            assert rid not in engine.speculator.draft_probs
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "speculative"])
@@ -60,7 +60,7 @@ def alone(llm) -> list[list[int]]:
 @pytest.mark.parametrize("where", list(INJECTIONS))
 def test_poisoned_request_fails_alone(llm, alone, where, monkeypatch):
     injection = INJECTIONS[where]
-    if where == "proposal" and llm.engine.spec is None:
+    if where == "proposal" and llm.engine.speculator is None:
         pytest.skip("no proposer without speculative decoding")
     injection.install(monkeypatch)
     prompts, params = healthy_prompts(), healthy_params()
@@ -70,7 +70,7 @@ def test_poisoned_request_fails_alone(llm, alone, where, monkeypatch):
     outputs = llm.generate(prompts, params)
     poisoned = outputs.pop(10)
     assert poisoned.finished and poisoned.outputs[0].finish_reason == "error"
-    injection.check_message(poisoned.error, speculative=llm.engine.spec is not None)
+    injection.check_message(poisoned.error, speculative=llm.engine.speculator is not None)
     assert where == "stop_strings" or injection.shared_a_batch()  # decoding is per request anyway
     assert all(o.error is None for o in outputs)
     assert [o.outputs[0].finish_reason for o in outputs] == ["length"] * 20

@@ -64,7 +64,7 @@ def test_spec_decode_accepted_per_position_has_samples(server, wait_for):
     assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).status_code == 200
     assert wait_for(lambda: server.async_engine.num_in_flight == 0, timeout=30)
     family = _families(server.url)["vllm:spec_decode_num_accepted_tokens_per_pos"]
-    accepted = server.engine.spec.metrics.accepted_per_position
+    accepted = server.engine.speculator.metrics.accepted_per_position
     assert len(accepted) == 3 and accepted[0] > 0  # the counting prompt repeats: n-gram drafts are accepted
     for pos, value in enumerate(accepted):
         assert _value(family, "_total", position=str(pos)) == value

@@ -13,7 +13,7 @@ from testbed.plugins import load_class
 # name -> "module:Class"; a name may also be the import path of the user's own KVAllocator (testbed.plugins),
 # built with the keywords it declares among num_blocks, block_size, enable_prefix_caching, eviction, max_model_len
 ALLOCATORS = {
-    "paged": "testbed.core.kv_cache_manager:KVCacheManager",
+    "paged": "testbed.core.allocators.paged:PagedAllocator",
     "static_max": "testbed.core.allocators.contiguous:StaticMaxAllocator",
     "static_pow2": "testbed.core.allocators.contiguous:StaticPow2Allocator",
     "static_oracle": "testbed.core.allocators.contiguous:StaticOracleAllocator",

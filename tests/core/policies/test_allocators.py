@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from testbed.core.allocators import ALLOCATORS, get_allocator
 from testbed.core.allocators.base import final_length
-from testbed.core.kv_cache_manager import KVCacheManager
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
 
@@ -152,7 +152,7 @@ TestContiguousMachine.settings = settings(max_examples=40, stateful_step_count=3
 
 # ---- the accounting ----------------------------------------------------------------------------------
 def test_accounting_paged_tail_block():
-    kv = KVCacheManager(10, 4)
+    kv = PagedAllocator(10, 4)
     r = req("a", 5, 2)  # final length 7: 2 blocks, 1 slot never used
     kv.allocate_slots(r, 5)
     s = kv.stats({"a": 5}, {"a": 7})
@@ -162,7 +162,7 @@ def test_accounting_paged_tail_block():
 
 
 def test_accounting_shared_prefix_counts_once():
-    kv = KVCacheManager(10, 4)
+    kv = PagedAllocator(10, 4)
     a, b = req("a", 9, 1), req("b", 9, 1)  # same prompt: 2 full blocks shared
     kv.allocate_slots(a, 9)
     a.num_computed_tokens = 9
@@ -195,7 +195,7 @@ def test_accounting_static_categories_and_external_fragmentation():
     assert s.external_slots == 80 and s.free_slots == 0
     e = req("e", 20, 20)  # needs 40: the 30-hole is too small for it
     assert kv.stats(counts, finals, blocked=e).external_slots == 30
-    paged = KVCacheManager(25, 4)
+    paged = PagedAllocator(25, 4)
     assert paged.stats({}, {}, blocked=d).external_slots == 0  # any free block serves any request
 
 
@@ -253,7 +253,7 @@ def test_lfu_keeps_a_hot_prefix_that_lru_evicts():
 
 def test_unknown_eviction_policy():
     with pytest.raises(ValueError, match="eviction"):
-        KVCacheManager(4, 4, eviction="mru")
+        PagedAllocator(4, 4, eviction="mru")
 
 
 class LFUPoolMachine(RuleBasedStateMachine):
@@ -261,7 +261,7 @@ class LFUPoolMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.kv = KVCacheManager(12, 2, True, eviction="lfu")
+        self.kv = PagedAllocator(12, 2, True, eviction="lfu")
         self.live = {}
         self.n = 0
 

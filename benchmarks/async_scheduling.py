@@ -1,7 +1,7 @@
 """Async scheduling on the CPU: the step period with the host's work overlapped with the device's.
 
-    python -m benchmarks.overlap                          # 256 running; writes results/host_overhead/overlap.*
-    python -m benchmarks.overlap --running 64 256 --steps 100
+    python -m benchmarks.async_scheduling     # 256 running; writes results/host_overhead/async_scheduling.*
+    python -m benchmarks.async_scheduling --running 64 256 --steps 100
 
 The device is the host executor holding each step for a fixed time (sleeping, so the host is free, as it
 is while a GPU computes); the host's work is the engine's real per-step work at N running decode requests
@@ -57,14 +57,14 @@ def main(argv=None) -> None:
         base = [median_period(make_steady_engine(running), args.steps) for _ in range(args.repeats)]
         host = statistics.median(period - run for period, run in base)  # the step without its device half
         for factor in (0.5, 1.0, 2.0):
-            sync, overlapped, devices = [], [], []
+            sync, asynchronous, devices = [], [], []
             for _ in range(args.repeats):  # interleaved: the machine's load hits both alike
-                for mode, sink in ((False, sync), (True, overlapped)):
+                for mode, sink in ((False, sync), (True, asynchronous)):
                     engine = make_steady_engine(running, host_step_time_s=factor * host, async_scheduling=mode)
                     period, device = median_period(engine, args.steps)
                     sink.append(period)
                     devices.append(device)
-            s, a, device = statistics.median(sync), statistics.median(overlapped), statistics.median(devices)
+            s, a, device = statistics.median(sync), statistics.median(asynchronous), statistics.median(devices)
             ms = [1e3 * x for x in (host, factor * host, device, s, host + device, a, max(host, device))]
             rows.append([running, *ms, s / a])
             raw.append(
@@ -74,7 +74,7 @@ def main(argv=None) -> None:
                     "device_asked_s": factor * host,
                     "device_s": devices,
                     "sync_s": sync,
-                    "async_s": overlapped,
+                    "async_s": asynchronous,
                 }
             )
     headers = [
@@ -92,10 +92,11 @@ def main(argv=None) -> None:
     env = environment()
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(
-        args.out / "overlap.json", {"rows": raw, "environment": env, "steps": args.steps, "repeats": args.repeats}
+        args.out / "async_scheduling.json",
+        {"rows": raw, "environment": env, "steps": args.steps, "repeats": args.repeats},
     )
     atomic_write_text(
-        args.out / "overlap.md",
+        args.out / "async_scheduling.md",
         "# Async scheduling: step period with the host overlapped (CPU, host executor holding the device)\n\n"
         f"{table}\n\nMedian step period over {args.steps} steps, median of {args.repeats} interleaved repeats. "
         f"Machine: {env['cpu']}, {env['cpu_count']} cores, load {env['load_average']}, torch {env['torch']}, "

@@ -15,7 +15,9 @@ from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.base import ExecutorOutput
 
 
-class OverlappedSteps:
+class AsyncStepRunner:
+    """Runs an executor's steps on one worker thread, in the order submitted."""
+
     def __init__(self, executor):
         self.executor = executor
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="testbed-step")

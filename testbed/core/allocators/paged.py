@@ -17,7 +17,7 @@ def hash_block(parent_hash: int | None, token_ids) -> int:
     return hash((ROOT_HASH if parent_hash is None else parent_hash, *token_ids))
 
 
-class KVCacheManager(KVAllocator):
+class PagedAllocator(KVAllocator):
     """The paged allocator (`cache=paged`): any free block serves any request, prefixes are shared.
 
     Parallel sampling (testbed.sequence_group): `fork` makes a sequence share another's prompt blocks by ref
