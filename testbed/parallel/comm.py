@@ -9,6 +9,7 @@ rows broadcast) go over a NCCL group on CUDA, the same gloo group on a CPU. Both
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,8 @@ class TPGroup:
     rank: int
     world_size: int
     device: torch.device
-    control: object = None  # the gloo group commands go over
-    tensors: object = None  # the group tensors go over (NCCL on CUDA, else the control group)
+    control: dist.ProcessGroup | None = None  # the gloo group commands go over
+    tensors: dist.ProcessGroup | None = None  # the group tensors go over (NCCL on CUDA, else the control group)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t, group=self.tensors)
@@ -46,13 +47,13 @@ class TPGroup:
 
     def receive(self) -> tuple:
         """A worker: the next command from rank 0."""
-        box = [None]
+        box: list[Any] = [None]  # filled with rank 0's pickled command
         dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
 
     def gather_objects(self, obj) -> list:
         """Every rank's obj, on every rank (the workers' build reports)."""
-        out = [None] * self.world_size
+        out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.control)
         return out
 

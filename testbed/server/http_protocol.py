@@ -8,6 +8,9 @@ body_limits.py.)"""
 
 from __future__ import annotations
 
+import asyncio
+from typing import cast
+
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -16,6 +19,7 @@ TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnec
 
 class HeaderTimeoutH11Protocol(H11Protocol):
     header_timeout_s: float = 20.0  # set per server by `with_header_timeout`
+    _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -54,4 +58,5 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
 def with_header_timeout(header_timeout_s: float) -> type[HeaderTimeoutH11Protocol]:
     """The protocol class for uvicorn.Config(http=...), with this server's timeout."""
-    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout_s": header_timeout_s})
+    subclass = type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout_s": header_timeout_s})
+    return cast(type[HeaderTimeoutH11Protocol], subclass)

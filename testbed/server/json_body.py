@@ -10,7 +10,7 @@ import json
 from testbed.server import protocol as P
 
 
-def _invalid(message: str, code: str = "invalid_json") -> P.APIError:
+def _invalid(message: str, code: str | None = "invalid_json") -> P.APIError:
     return P.APIError(message, 400, code=code)
 
 
@@ -50,7 +50,7 @@ def _valid(s: str) -> bool:
 def first_invalid_string(data) -> str | None:
     """The dotted path of the first string that is not valid Unicode (a bad key shows as `<key>`), None if
     there is none. Iterative: the parser has already bounded the depth, but the walk must not recurse."""
-    stack = [("", data)]
+    stack: list[tuple[str, object]] = [("", data)]
     while stack:
         path, node = stack.pop()
         if isinstance(node, str):

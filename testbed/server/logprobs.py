@@ -20,11 +20,13 @@ def _lp(value: float) -> float:
 
 def completion_logprobs(tokenizer, token_ids: list[int], entries: list[dict | None], offset: int) -> dict:
     strings = token_strings(tokenizer, token_ids)
-    text_offset, pos = [], offset
+    text_offset: list[int] = []
+    pos = offset
     for s in strings:
         text_offset.append(pos)
         pos += len(s)
-    token_logprobs, top_logprobs = [], []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict | None] = []
     for token, entry in zip(token_ids, entries):
         if entry is None:
             token_logprobs.append(None)
@@ -46,7 +48,7 @@ def _chat_entry(name: str, logprob: float) -> dict:
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], entries: list[dict], top: int) -> dict:
-    content = []
+    content: list[dict] = []
     for token, name, entry in zip(token_ids, token_strings(tokenizer, token_ids), entries):
         item = _chat_entry(name, entry[token].logprob)
         best = sorted((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= top)
@@ -60,7 +62,7 @@ def chat_logprobs(tokenizer, token_ids: list[int], entries: list[dict], top: int
 def prompt_logprobs_json(tokenizer, entries: list[dict | None]) -> list[dict | None]:
     """vLLM's `prompt_logprobs` field: per prompt token None (the first) or {token id: {logprob, rank,
     decoded_token}}, the prompt token first, then the k most likely."""
-    out = []
+    out: list[dict | None] = []
     for entry in entries:
         if entry is None:
             out.append(None)

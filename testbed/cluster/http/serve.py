@@ -6,8 +6,10 @@ import logging
 import socket
 import threading
 import time
+from typing import cast
 
 import uvicorn
+from fastapi import FastAPI
 
 from testbed.cluster.config import ClusterConfig
 from testbed.cluster.http.app import build_router_app
@@ -44,10 +46,15 @@ def make_router_server(cluster_cfg, server_cfg=None, **server_overrides) -> uvic
     return uvicorn.Server(config)
 
 
+def _pool(server: uvicorn.Server) -> BackendPool:
+    """The backends of a server make_router_server built (its app is the router's FastAPI app)."""
+    return cast(FastAPI, server.config.app).state.pool
+
+
 def serve_router(cluster_cfg, server_cfg=None) -> dict:
     """Serve until SIGINT/SIGTERM on server.host:server.port."""
     server = make_router_server(cluster_cfg, server_cfg)
-    pool = server.config.app.state.pool
+    pool = _pool(server)
     logger.warning(
         "routing %s on http://%s:%s over %s",
         ClusterConfig.from_any(cluster_cfg).router,
@@ -65,7 +72,7 @@ class RouterThread:
     def __init__(self, cluster_cfg, host: str = "127.0.0.1", **server_overrides):
         server_overrides.setdefault("log_level", "warning")
         self.server = make_router_server(cluster_cfg, None, host=host, port=0, **server_overrides)
-        self.pool = self.server.config.app.state.pool
+        self.pool = _pool(self.server)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))
