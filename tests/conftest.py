@@ -29,6 +29,15 @@ def tokenizer(smollm2_folder):
     return AutoTokenizer.from_pretrained(smollm2_folder)
 
 
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_folder):
+    """Hugging Face transformers' SmolLM2-135M (float32, eval): the reference several tests compare with,
+    loaded once."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Small ops on a shared 2-core machine: intra-op threads only spin against each other.

@@ -30,10 +30,8 @@ def test_entries_rank_and_top_k():
 
 
 @pytest.fixture(scope="module")
-def hf_model(smollm2_folder):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+def hf_model(hf_smollm2):
+    return hf_smollm2  # conftest: loaded once per session
 
 
 def hf_logprobs(hf_model, ids: list[int]) -> torch.Tensor:

@@ -48,11 +48,8 @@ BATCH_PROMPTS = [f"{s} {t}" + ("." if (i + j) % 3 else ":") for i, s in enumerat
 
 
 @pytest.fixture(scope="module")
-def hf_model(smollm2_folder):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+def hf_model(hf_smollm2):
+    return hf_smollm2  # conftest: loaded once per session
 
 
 @pytest.mark.parametrize("batch", [1, 3, *(pytest.param(b, marks=pytest.mark.slow) for b in (8, 32))])
@@ -60,7 +57,8 @@ def test_cpu_kernel_matches_transformers_at_batch_size(batch, tokenizer, hf_mode
     import torch
 
     prompt_ids = [tokenizer.encode(p) for p in BATCH_PROMPTS[:batch]]
-    llm = LLM(model="smollm2-135m", kernel="cpu", max_num_seqs=batch, max_num_batched_tokens=2048)
+    # num_blocks: room for every batch here; the default cache would zero a gigabyte for nothing
+    llm = LLM(model="smollm2-135m", kernel="cpu", max_num_seqs=batch, max_num_batched_tokens=2048, num_blocks=512)
     rows = []  # rows of each step that ran the one-call decode path
     backend = llm.engine.backend
     fused = backend.decode_layers

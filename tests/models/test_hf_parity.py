@@ -29,10 +29,8 @@ def prompt_ids(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def hf_model(smollm2_folder):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+def hf_model(hf_smollm2):
+    return hf_smollm2  # conftest: loaded once per session
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +56,14 @@ def _greedy(llm, prompt_ids):
     return [o.outputs[0].token_ids for o in llm.generate(prompt_ids, params)]
 
 
+# 9 prompts of up to ~45 tokens + 24 generated need well under 200 blocks of 4; the default cache
+# (cache.memory_gb) would zero a gigabyte per engine for nothing the comparison looks at
+ROOMY = 512
 MODES = {
-    "plain": dict(),
-    "small_chunks": dict(max_num_batched_tokens=16),  # prompts up to ~45 tokens: chunked
-    "prefix_cache": dict(enable_prefix_caching=True, block_size=4),
-    "odd_block_size": dict(block_size=5),
+    "plain": dict(num_blocks=ROOMY),
+    "small_chunks": dict(max_num_batched_tokens=16, num_blocks=ROOMY),  # prompts up to ~45 tokens: chunked
+    "prefix_cache": dict(enable_prefix_caching=True, block_size=4, num_blocks=ROOMY),
+    "odd_block_size": dict(block_size=5, num_blocks=ROOMY),
     "preemption": dict(block_size=4, num_blocks=40, max_num_seqs=16),
 }
 
@@ -83,7 +84,7 @@ def test_greedy_matches_transformers(mode, prompt_ids, hf_greedy):
 
 
 def test_last_position_logits_match(prompt_ids, hf_model):
-    llm = LLM(block_size=8)
+    llm = LLM(block_size=8, num_blocks=ROOMY)
     engine = llm.engine
     captured = {}
     original = engine.model.compute_logits
