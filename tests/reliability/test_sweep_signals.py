@@ -56,7 +56,7 @@ def test_sigterm_to_a_slurm_local_sweep_leaves_no_job_running_and_keeps_what_was
             "kernel=torch",
             "cache.num_blocks=512",
             "trace=synthetic",
-            "trace.num_requests=100000",
+            "trace.num_requests=2000",  # 400 s at rate 5: still replaying when signalled (max_duration_s 300)
             "trace.rate=5",
             "trace.prompt_len={dist:fixed,value:24}",
             "trace.output_len={dist:fixed,value:4}",
