@@ -40,8 +40,15 @@ def check_run(run_dir, n):
 
 def test_azure_first_40(tmp_path, tiny_cfg):
     run_dir = tmp_path / "run"
+    # arrivals 8x faster: the ~24 s of trace clock the first 40 span become ~3 s (the checks are about lengths
+    # and accounting; open loop's arrival times are test_cli's test_open_loop_replay_writes_results)
     replay_azure(
-        tiny_cfg, run_dir, "trace.max_requests=40", "replay.max_prompt_tokens=16", "replay.max_output_tokens=4"
+        tiny_cfg,
+        run_dir,
+        "trace.max_requests=40",
+        "trace.time_scale=8",
+        "replay.max_prompt_tokens=16",
+        "replay.max_output_tokens=4",
     )
     _, requests, report = check_run(run_dir, 40)
     policy = report["replay_length_policy"]
