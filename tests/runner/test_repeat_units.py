@@ -66,10 +66,16 @@ def json_of(tmp_path, *args) -> dict:
 
 
 def test_repeated_runs_and_single_runs_compare(tmp_path):
+    """A through `python run.py` as a user types it; B and C through the same runner in this process (the
+    CLI path is A's; each extra run.py would only start Python, torch and Hydra once more)."""
+    from experiments.run.runner import run_trace
+
+    from ..cluster.helpers import cfg
+
     a, b, c = (tmp_path / x for x in ("A", "B", "C"))
     run_cli(*SIM, f"executor.profile={PROFILE}", "replay.repeats=5", f"hydra.run.dir={a}")
-    run_cli(*SIM, f"executor.profile={PROFILE}", "replay.repeats=5", f"hydra.run.dir={b}")
-    run_cli(*SIM, f"executor.profile={slower_profile(tmp_path)}", "replay.repeats=5", f"hydra.run.dir={c}")
+    run_trace(cfg(*SIM, f"executor.profile={PROFILE}", "replay.repeats=5"), b)
+    run_trace(cfg(*SIM, f"executor.profile={slower_profile(tmp_path)}", "replay.repeats=5"), c)
     # each folder holds its own table and intervals; the simulated repeats are one configuration whose
     # workload was redrawn, so the interval is not zero
     for folder in (a, b, c):
