@@ -12,6 +12,8 @@ and tokenization.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -155,12 +157,12 @@ class ServerMetrics:
         for reason in ("queue_full", "shutting_down"):
             self._rejected.labels(*values, reason)
         self._labels = values
-        self._seen = {}  # engine counter -> value already added to its Prometheus counter
+        self._seen: dict[Hashable, float] = {}  # engine counter -> value already added to its Prometheus counter
         self._last_step = 0
         self._last_token_time: dict[tuple, float] = {}  # (request id, sequence index) -> previous token time
 
     # ---- fed by the stepping thread -----------------------------------------------------------------
-    def _advance(self, counter, key, total: float) -> None:
+    def _advance(self, counter, key: Hashable, total: float) -> None:
         """Add what an engine's cumulative counter gained since the last look."""
         gained = total - self._seen.get(key, 0)
         if gained > 0:
