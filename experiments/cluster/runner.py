@@ -34,16 +34,16 @@ from experiments.run.replay_run import (
 )
 from experiments.run.runner import (
     SWEEP_COLUMNS,
-    apply_length_policy,
     check_session_config,
     executor_summary,
+    load_replay_specs,
     spec_summary,
     trace_vocab_size,
 )
 from experiments.run.stop_signals import StopSignals
 from experiments.sessions import is_session_trace, load_sessions, session_report
 from experiments.sessions.replay import SessionReplay
-from experiments.traces import RequestSpec, load_trace
+from experiments.traces import RequestSpec
 from testbed.cluster.config import ClusterConfig
 
 CLUSTER_SWEEP_COLUMNS = (
@@ -110,14 +110,7 @@ def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
                 cfg, run_dir, cluster, engines, cluster_cfg, items, trace_report=report, source=trace_cfg.get("path"),
                 quiet=quiet, max_model_len=model.max_model_len,
             )  # fmt: skip
-        trace = load_trace(
-            trace_cfg,
-            vocab_size=trace_vocab_size(model),
-            max_model_len=model.max_model_len,
-            tokenizer=getattr(model, "tokenizer", None),
-        )
-        specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
-        report = {**trace.report, "replay_length_policy": length_report}
+        specs, report = load_replay_specs(cfg, trace_cfg, model)
         return replay_cluster(
             cfg,
             run_dir,
@@ -126,7 +119,7 @@ def run_cluster(cfg, run_dir: str | Path, quiet: bool = False) -> dict:
             cluster_cfg,
             specs,
             trace_report=report,
-            source=trace.report.get("path"),
+            source=report.get("path"),
             quiet=quiet,
         )
     finally:

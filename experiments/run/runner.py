@@ -149,15 +149,21 @@ def run_trace(cfg, run_dir: str | Path, engine=None) -> dict:
     if config_value(cfg, "replay.name") == "sessions" or is_session_trace(trace_cfg):
         return run_sessions(cfg, run_dir, engine, trace_cfg)
     engine = engine or build_engine(cfg)
+    specs, report = load_replay_specs(cfg, trace_cfg, engine)
+    return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=report.get("path"))
+
+
+def load_replay_specs(cfg, trace_cfg, model) -> tuple[list[RequestSpec], dict]:
+    """The trace's requests for `model` (an engine, or a cluster's model: vocabulary, max_model_len and
+    tokenizer) after the replay's length policy, and the trace report with that policy's report."""
     trace = load_trace(
         trace_cfg,
-        vocab_size=trace_vocab_size(engine),
-        max_model_len=engine.max_model_len,
-        tokenizer=getattr(engine, "tokenizer", None),
+        vocab_size=trace_vocab_size(model),
+        max_model_len=model.max_model_len,
+        tokenizer=getattr(model, "tokenizer", None),
     )
     specs, length_report = apply_length_policy(trace.requests, config_value(cfg, "replay", {}))
-    report = {**trace.report, "replay_length_policy": length_report}
-    return replay_specs(cfg, run_dir, engine, specs, trace_report=report, source=trace.report.get("path"))
+    return specs, {**trace.report, "replay_length_policy": length_report}
 
 
 def check_session_config(cfg, trace_cfg) -> None:
