@@ -26,6 +26,20 @@ def check_token_stop(request: Request, token: int, max_model_len: int) -> bool:
     return request.is_finished
 
 
+def append_until_stop(
+    request: Request, tokens: list[int], token_logprobs: list[dict] | None, now: float, max_model_len: int
+) -> list[int]:
+    """Append sampled tokens (several: speculative decoding) up to the first that ends the request;
+    returns those appended."""
+    stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
+    for j, token in enumerate(tokens):
+        request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
+        # cheap filter first: only a stop/EOS token or the length limit can end a request (then it does)
+        if (token in stop_ids or len(all_tokens) >= max_num_tokens) and check_token_stop(request, token, max_model_len):
+            return tokens[: j + 1]
+    return tokens
+
+
 def find_stop_string(text: str, stops, start: int) -> str | None:
     """The first of `stops` (in the given order) found in text that ends at or after `start` (the text
     before it was checked already), or None."""

@@ -22,7 +22,7 @@ from testbed.core.sched_output import SchedulerOutput
 from testbed.core.step_updates import StepUpdates
 from testbed.core.swap import SwapManager
 from testbed.request import Request, RequestStatus
-from testbed.stopping import check_token_stop
+from testbed.stopping import append_until_stop, check_token_stop
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ class Scheduler:
                     continue
                 check_token_stop(request, token, max_model_len)
             else:
-                new_tokens = self._append_tokens(request, tokens, token_logprobs, now)
+                new_tokens = append_until_stop(request, tokens, token_logprobs, now, max_model_len)
                 if new_tokens is not tokens:
                     changed.append((idx, new_tokens))
             if request.status.finished:
@@ -345,7 +345,7 @@ class Scheduler:
             self.running[:] = [r for r in self.running if r not in done]
         if not changed and not failed and len(sampled) == len(out.requests):
             return StepUpdates(out.requests, sampled, shared=True)  # type: ignore[arg-type]  # no entry is None here
-        return _collect_updates(out.requests, sampled, changed, failed)
+        return StepUpdates.collect(out.requests, sampled, changed, failed)
 
     def add_drafts(self, drafts: list[tuple[Request, list[int]]]) -> None:
         """Speculative drafts to verify in the next step (the speculator's proposal): each request is given
@@ -393,19 +393,6 @@ class Scheduler:
         if rejected:
             self.kv.trim(request, request.num_computed_tokens)
         return rejected
-
-    def _append_tokens(
-        self, request: Request, tokens: list[int], token_logprobs: list[dict] | None, now: float
-    ) -> list[int]:
-        """Append sampled tokens up to the first that ends the request; returns those appended."""
-        stop_ids, max_num_tokens, all_tokens = request.stop_check_ids, request.max_num_tokens, request.all_token_ids
-        max_len = self.config.max_model_len
-        for j, token in enumerate(tokens):
-            request.append_output_token(token, token_logprobs[j] if token_logprobs else None, now)
-            # cheap filter first: only a stop/EOS token or the length limit can end a request (then it does)
-            if (token in stop_ids or len(all_tokens) >= max_num_tokens) and check_token_stop(request, token, max_len):
-                return tokens[: j + 1]
-        return tokens
 
     def _finish(self, request: Request, now: float) -> None:
         if request in self.running:
@@ -456,19 +443,3 @@ class Scheduler:
 
 
 _NO_LOGPROBS = repeat(None)  # update's logprobs when the step computed none
-
-
-def _collect_updates(
-    requests: list[Request],
-    sampled: list[list[int] | None],
-    changed: list[tuple[int, list[int] | None]],
-    failed: list[tuple[Request, list[int]]],
-) -> StepUpdates:
-    """The update's pairs when some request did not get what was sampled for it: the failed first."""
-    got = dict(changed)
-    updates = StepUpdates([r for r, _ in failed], [t for _, t in failed])
-    for idx, (request, tokens) in enumerate(zip(requests, sampled)):
-        tokens = got.get(idx, tokens)
-        if tokens is not None:
-            updates.append(request, tokens)
-    return updates

@@ -27,3 +27,21 @@ class StepUpdates:
             self.requests, self.new_tokens, self._shared = list(self.requests), list(self.new_tokens), False
         self.requests.append(request)
         self.new_tokens.append(new_tokens)
+
+    @classmethod
+    def collect(
+        cls,
+        requests: list[Request],
+        sampled: list[list[int] | None],
+        changed: list[tuple[int, list[int] | None]],
+        failed: list[tuple[Request, list[int]]],
+    ) -> "StepUpdates":
+        """Scheduler.update's pairs when some request did not get what was sampled for it (`changed`: batch
+        index -> the tokens it got, None for none): the failed first, then the batch in order."""
+        got = dict(changed)
+        updates = cls([r for r, _ in failed], [t for _, t in failed])
+        for idx, (request, tokens) in enumerate(zip(requests, sampled)):
+            tokens = got.get(idx, tokens)
+            if tokens is not None:
+                updates.append(request, tokens)
+        return updates

@@ -16,7 +16,7 @@ from testbed.core.allocators.paged import PagedAllocator
 from testbed.core.policies import get_policy
 from testbed.core.scheduler import Scheduler, SchedulerLimits
 from testbed.request import Request
-from testbed.stopping import check_token_stop
+from testbed.stopping import append_until_stop, check_token_stop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -164,7 +164,7 @@ def test_stop_filter_equals_checking_every_token():
         sched.add_request(a)
         while not a.is_finished:
             tokens = [rng.randrange(8) for _ in range(rng.choice([1, 1, 3]))]
-            got = sched._append_tokens(a, tokens, None, 0.0)
+            got = append_until_stop(a, tokens, None, 0.0, max_model_len)
             want = _reference_append(sched, b, tokens, 0.0)
             assert got == want
             assert (a.status, a.stop_reason, a.output_token_ids) == (b.status, b.stop_reason, b.output_token_ids)
