@@ -98,8 +98,11 @@ def main(argv=None) -> Path | None:
     args, overrides = parse_args(argv)
     engine = build(overrides)
     measure(engine, [(64, 4)] * max(1, args.warmup), seed=999)  # builds kernels, warms caches
-    log = lambda msg: print(f"{msg} ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr)
     started = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"{msg} ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr)
+
     probes = [probe_seconds(engine, args.probe_repeats)]
     log(f"probe (start): {1e3 * probes[0]:.1f} ms")
     shapes, seconds, names = [], [], []

@@ -45,6 +45,8 @@ class ProcessReplicaView:
 
 def _fields(out: RequestOutput) -> tuple:
     m, c = out.metrics, out.outputs[0]
+    if m is None:  # an engine's finished output carries its request's metrics
+        raise RuntimeError(f"finished request {out.request_id!r} has no metrics")
     return (
         out.request_id,
         list(c.token_ids),
@@ -158,7 +160,7 @@ class ProcessCluster:
         self._pending: list[Delivered] = []
         self._steps: dict[int, list] = {}
         self._acks: set[int] = set()
-        ready = {}
+        ready: dict[int, dict] = {}
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while len(ready) < n:
             try:

@@ -41,7 +41,7 @@ from experiments.run.runner import (
     trace_vocab_size,
 )
 from experiments.run.stop_signals import StopSignals
-from experiments.sessions import is_session_trace, load_sessions, session_report
+from experiments.sessions import Session, is_session_trace, load_sessions, session_report
 from experiments.sessions.replay import SessionReplay
 from experiments.traces import RequestSpec
 from testbed.cluster.config import ClusterConfig
@@ -64,9 +64,9 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
     if executor_kind(config.executor.name).simulated:
         from testbed.cluster.build import build_simulated_cluster
 
-        cluster = build_simulated_cluster(config, cluster_cfg)
-        engines = [r.engine for r in cluster.replicas]
-        return cluster, engines, engines[0]
+        simulated = build_simulated_cluster(config, cluster_cfg)
+        engines = [r.engine for r in simulated.replicas]
+        return simulated, engines, engines[0]
     if config.executor.name == "real":
         if cluster_cfg.disaggregated:
             raise ValueError(
@@ -74,8 +74,8 @@ def build_cluster(cfg, cluster_cfg: ClusterConfig):
             )
         from experiments.cluster.processes import ProcessCluster
 
-        cluster = ProcessCluster(config, cluster_cfg)
-        return cluster, None, cluster.model
+        processes = ProcessCluster(config, cluster_cfg)
+        return processes, None, processes.model
     raise ValueError(
         f"a cluster runs executor=sim (simulated) or executor=real (processes), not {config.executor.name!r}"
     )
@@ -134,7 +134,7 @@ def replay_cluster(
     cluster,
     engines,
     cluster_cfg: ClusterConfig,
-    specs: list[RequestSpec],
+    specs: list[RequestSpec] | list[Session],  # sessions with replay=sessions
     *,
     trace_report: dict | None = None,
     source: str | None = None,

@@ -131,8 +131,15 @@ class Replay:
     def request_finished(self, output) -> None:
         """A finished RequestOutput, after it was recorded (session replay sends the next turn from it)."""
 
+    @property
+    def started_at(self) -> float:
+        """start_time of a run that has begun (run() sets it; anything timed before that is a bug)."""
+        if self.start_time is None:
+            raise RuntimeError("the replay has not started: run() sets its start time")
+        return self.start_time
+
     def _deadline(self) -> float:
-        return INF if self.max_duration_s is None else self.start_time + self.max_duration_s
+        return INF if self.max_duration_s is None else self.started_at + self.max_duration_s
 
     def _expired(self, now: float) -> bool:
         if now >= self._deadline():
@@ -160,14 +167,14 @@ class Replay:
 
     def _offline(self, specs, _concurrency) -> None:
         for spec in specs:
-            self.submit(spec, self.start_time)
+            self.submit(spec, self.started_at)
         while self.replicas.has_unfinished() and not self._expired(self.replicas.now):
             deadline = self._deadline()
             self._take(self.replicas.run_until(deadline, quiet_until=deadline))  # everything was sent
 
     def _open_loop(self, specs, _concurrency) -> None:
         pending = deque(sorted(specs, key=lambda s: s.arrival_s))
-        t0, deadline = self.start_time, self._deadline()
+        t0, deadline = self.started_at, self._deadline()
         # the whole schedule: a simulated cluster may route it ahead (SimulatedCluster.plan_arrivals)
         self.replicas.plan_arrivals([(s.request_id, s.prompt_token_ids, t0 + s.arrival_s) for s in pending], deadline)
         while pending or self.replicas.has_unfinished():

@@ -180,6 +180,8 @@ async def replay_http_async(
             return request_body(spec, model, temperature, extra_body)
 
         if mode == "closed_loop":  # a new request the moment one finishes
+            if concurrency is None:  # check_mode refuses it
+                raise ValueError("replay.concurrency: closed-loop replay needs an integer >= 1, got None")
             queue = list(reversed(specs))
 
             async def worker():

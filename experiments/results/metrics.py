@@ -118,7 +118,7 @@ def request_summary(
     duration = max(end_time - start_time, 1e-9)
     n_in, n_out = int(done["prompt_tokens"].sum()), int(done["output_tokens"].sum())
     itls = [g for times in done["token_times"] for g in chunk_gaps(times)] if len(done) else []
-    out = {
+    out: dict[str, float | None] = {
         "completed": len(done),
         "failed": int(len(requests) - len(done)),
         "total_input_tokens": n_in,

@@ -8,12 +8,13 @@ so an interrupted run still has all it measured.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from operator import attrgetter
 
 import numpy as np
 import pandas as pd
 
-from testbed.step_stats import KV_FIELDS, kv_stats_of
+from testbed.step_stats import KV_FIELDS, StepRun, kv_stats_of
 
 # Columns of the requests table, in order (times: seconds on the engine clock).
 REQUEST_COLUMNS = [
@@ -111,10 +112,11 @@ def kv_fields(kv) -> dict:
         getattr(kv, name, None)
         for name in ("token_slots", "reserved_slots", "internal_slots", "external_slots", "free_slots")
     ]
-    if all(isinstance(p, int) for p in parts) and sum(parts) == total:
-        row["frag_internal"] = parts[2] / total
-        row["frag_reserved"] = parts[1] / total
-        row["frag_external"] = parts[3] / total
+    ints = [p for p in parts if isinstance(p, int)]
+    if len(ints) == len(parts) and sum(ints) == total:
+        row["frag_internal"] = ints[2] / total
+        row["frag_reserved"] = ints[1] / total
+        row["frag_external"] = ints[3] / total
     else:
         row["frag_internal"] = (getattr(kv, "slack_token_slots", 0) or 0) / total
         row["frag_reserved"] = 0.0
@@ -145,7 +147,7 @@ def step_row(stats) -> dict:
     return row
 
 
-def runs_columns(runs: list) -> dict[str, np.ndarray]:
+def runs_columns(runs: list[StepRun]) -> dict[str, np.ndarray]:
     """Decode runs' rows (testbed.step_stats.StepRun), all runs one after the other, as column arrays equal
     to step_row of each step up to the cache's (kv_columns): the same numbers, in the dtypes pandas gives
     their Python values; list columns hold each run's own lists (nobody writes into a step row's)."""
@@ -191,8 +193,8 @@ def _objects(values: list) -> np.ndarray:
     return out
 
 
-KV_PARTS = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_slots", "internal_slots")
-KV_PARTS += ("external_slots", "free_slots", "slack_token_slots")
+KV_PARTS: tuple[str, ...] = ("num_blocks", "block_size", "used_blocks", "token_slots", "reserved_slots")
+KV_PARTS += ("internal_slots", "external_slots", "free_slots", "slack_token_slots")
 
 
 def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
@@ -213,7 +215,7 @@ def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
     if any(set(map(type, column)) != {int} for column in zip(*rows)):
         return None
     table = np.array(rows, dtype=np.int64).reshape(len(rows), len(keys))
-    columns = {key: table[:, i] for i, key in enumerate(keys)}
+    columns: dict[str, np.ndarray] = {key: table[:, i] for i, key in enumerate(keys)}
     if any(f"kv_{name}" not in columns for name in KV_PARTS):
         return None
     num_blocks, block_size, used, token, reserved, internal, external, free, slack = (
@@ -238,7 +240,7 @@ def _fits(values: list, kind: np.dtype) -> bool:
     return kind == np.dtype(np.float64) and set(map(type, values)) <= {float}
 
 
-def step_columns(rows: list[dict], runs: list[tuple[int, object]]) -> dict[str, np.ndarray | list] | None:
+def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str, np.ndarray | list] | None:
     """The steps table's columns from step rows and decode runs kept whole (each before which row); None
     where they do not all have the same columns in the same order (the caller then makes every row). A
     column is an array of the runs' dtype where the rows' values fit it (_fits; any value for a list
@@ -286,8 +288,8 @@ class Recorder:
         self.texts: dict[str, str] = {}
         self.requests: dict[str, dict] = {}
         self._rows: list[dict] = []  # step rows, and decode runs kept whole (before which row)
-        self._runs: list[tuple[int, object]] = []
-        self.listeners = []  # called with each step row (progress bar, W&B)
+        self._runs: list[tuple[int, StepRun]] = []
+        self.listeners: list[Callable[[dict], None]] = []  # called with each step row (progress bar, W&B)
         self._engine = None
 
     # ---- wiring -------------------------------------------------------------------------------
@@ -310,7 +312,7 @@ class Recorder:
         for listener in self.listeners:
             listener(row)
 
-    def on_run(self, run) -> None:
+    def on_run(self, run: StepRun) -> None:
         """A simulation's decode run (testbed.step_stats.StepRun), kept whole: its rows are made only
         when someone reads them (steps), the steps table takes its columns directly."""
         if self.listeners:  # they take rows

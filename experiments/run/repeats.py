@@ -79,6 +79,8 @@ def repeat_configs(cfg, n: int) -> list:
     offset by the index)."""
     keys = list(_get(cfg, "replay.repeat_seeds") or ["seed"])
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    if not isinstance(plain, dict):
+        raise TypeError(f"a run config is a mapping of groups, got {type(plain).__name__}")
     redraw = redraw_workload(plain)
     workload = [k for k in WORKLOAD_SEEDS if _get(cfg, k) is not None]
     if not redraw and (pinned := [k for k in keys if k in WORKLOAD_SEEDS]):

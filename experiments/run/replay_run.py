@@ -58,7 +58,7 @@ class RunSetup:
     run_dir: Path
     replay_cfg: dict
     mode: str
-    slo: dict | None
+    slo: dict[str, float]
     percentiles: list
     resolved: dict
     experiment: str

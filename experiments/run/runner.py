@@ -42,7 +42,7 @@ from experiments.run.replay_run import (
     write_results,
 )
 from experiments.run.stop_signals import StopSignals
-from experiments.sessions import is_session_trace, load_sessions, session_report
+from experiments.sessions import Session, is_session_trace, load_sessions, session_report
 from experiments.sessions.replay import SessionReplay
 from experiments.traces import RequestSpec, load_trace
 
@@ -191,7 +191,7 @@ def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
     return replay_specs(cfg, run_dir, engine, sessions, trace_report=report, source=trace_cfg.get("path"))
 
 
-def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec], **options) -> dict:
+def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec] | list[Session], **options) -> dict:
     """Replay specs on the engine, record and write the run (options: _replay_specs'). The engine and the
     specs, then the run's records while they are written, are frozen out of the garbage collector's
     full collections (experiments.run.frozen_gc)."""
@@ -203,7 +203,7 @@ def _replay_specs(
     cfg,
     run_dir: str | Path,
     engine,
-    specs: list[RequestSpec],
+    specs: list[RequestSpec] | list[Session],  # sessions with replay=sessions
     *,
     trace_report: dict | None = None,
     source: str | None = None,

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 
+WandbMode = Literal["online", "offline", "disabled"]
+_MODES: dict[str, WandbMode] = {"online": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
 
-def resolve_mode(cfg) -> str:
+
+def resolve_mode(cfg) -> WandbMode:
     """'disabled' | 'offline' | 'online' for a wandb config section (None/absent = disabled)."""
     if cfg is None or not cfg.get("enabled", False):
         return "disabled"
     mode = cfg.get("mode") or os.environ.get("WANDB_MODE") or "online"
-    if mode in ("dryrun",):
-        mode = "offline"
-    if mode not in ("online", "offline", "disabled"):
+    if mode not in _MODES:
         raise ValueError(f"wandb.mode: one of online, offline, disabled; got {mode!r}")
-    return mode
+    return _MODES[mode]
 
 
 class WandbLogger:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
 import pandas as pd
@@ -30,8 +31,13 @@ TURN_COLUMNS = ["request_id", "session_id", "turn", "think_s", "new_tokens", "hi
 
 class SessionTurns:
     """The session bookkeeping: turns waiting for their send time, histories, the turns table. The driver
-    provides submit(spec, t), start_time, max_model_len and calls turn_finished(output) for every finished
+    provides submit(spec, t), started_at, max_model_len and calls turn_finished(output) for every finished
     request."""
+
+    # provided by the driver (annotations only: nothing here shadows the driver's)
+    started_at: float
+    max_model_len: int
+    submit: Callable[[RequestSpec, float], None]
 
     def init_sessions(self, sessions, max_prompt_tokens=None, max_output_tokens=None) -> None:
         self.max_prompt_tokens = max_prompt_tokens
@@ -67,7 +73,7 @@ class SessionTurns:
         session = self._sessions[si]
         history = self._history.get(si, [])
         prompt = history + session.turns[k].new_token_ids
-        spec = self._spec(si, k, prompt, t - self.start_time)
+        spec = self._spec(si, k, prompt, t - self.started_at)
         too_long = self.max_prompt_tokens is not None and len(prompt) > self.max_prompt_tokens
         if k > 0 and (too_long or len(prompt) + spec.max_tokens > self.max_model_len):
             self.turns_cut += 1
@@ -108,7 +114,7 @@ class SessionTurns:
     def send_due(self, now: float, concurrency: int | None, last_finish: float | None) -> float:
         """Start the sessions whose time came (while there are slots) and send every turn due by now;
         returns when something is next due (inf: nothing until a turn finishes)."""
-        waiting, t0 = self._waiting, self.start_time
+        waiting, t0 = self._waiting, self.started_at
         while waiting and (concurrency is None or self._active < concurrency):
             start = t0 + self._sessions[waiting[0]].start_s
             if start > now:

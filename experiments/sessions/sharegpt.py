@@ -82,7 +82,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> list[
     if o["shuffle"]:
         entries = [entries[k] for k in rng.permutation(len(entries))]
     encoder = TurnEncoder(tokenizer, o["chat_template"])
-    sessions = []
+    sessions: list[Session] = []
     for i, cid, conv in entries:
         if o["max_sessions"] is not None and len(sessions) >= o["max_sessions"]:
             break

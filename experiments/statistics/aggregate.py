@@ -37,14 +37,18 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-try:  # the runner extra; the rest of this module does not need Hydra
+if TYPE_CHECKING:
     from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover
-    Callback = object
+else:
+    try:  # the runner extra; the rest of this module does not need Hydra
+        from hydra.experimental.callback import Callback
+    except ImportError:  # pragma: no cover
+        Callback = object
 
 from experiments.results.files import SWEEP_TABLE, read_sweep
 from experiments.results.metrics import add_request_latencies, completed_mask
@@ -56,8 +60,8 @@ __all__ = ["aggregate", "config_id", "group_key", "wide", "write_aggregate"]
 CI_TABLE = "sweep_ci.csv"
 LEVEL = 0.95
 # sweep columns that are neither configuration nor metric
-INFO_COLUMNS = ("run_dir", "job_num", "overrides", "config_id", "repeat", "redraw_workload", *SEED_KEYS)
-INFO_COLUMNS += ("replay.repeat", "replay.repeats", "replay.repeat_seeds", "replay.redraw_workload")
+INFO_COLUMNS: tuple[str, ...] = ("run_dir", "job_num", "overrides", "config_id", "repeat", "redraw_workload")
+INFO_COLUMNS += (*SEED_KEYS, "replay.repeat", "replay.repeats", "replay.repeat_seeds", "replay.redraw_workload")
 NOT_METRICS = ("start_time", "end_time", "num_requests", "num_sent", "job_num", "repeat", "seed")
 SAMPLED = ("ttft", "tpot", "e2el")  # per-request latencies: one draw per request
 PERCENTILE = re.compile(r"^(median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")

@@ -33,6 +33,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -200,7 +201,7 @@ def _sequential(a: list[Run], b: list[Run]) -> tuple[str, str] | None:
 
 
 def pair_runs(a: list[Run], b: list[Run]) -> tuple[list[tuple[Run, Run]], list[str]]:
-    notes = []
+    notes: list[str] = []
     by_a, by_b = {r.repeat: r for r in a}, {r.repeat: r for r in b}
     common = sorted(set(by_a) & set(by_b))
     if common and len(common) == max(len(a), len(b)):
@@ -255,7 +256,7 @@ def _latency_rows(pairs, paired: bool, statistics) -> list[dict]:
 
 
 def _run_rows(pairs) -> list[dict]:
-    rows = []
+    rows: list[dict] = []
     for metric in RUN_METRICS:
         va = [p[0].summary.get(metric) for p in pairs]
         vb = [p[1].summary.get(metric) for p in pairs]
@@ -266,17 +267,28 @@ def _run_rows(pairs) -> list[dict]:
     return rows
 
 
-def _test(r: dict, paired: bool, machine: bool, n_resamples: int, seed: int) -> dict:
+class _Test(TypedDict, total=False):
+    """One metric's test of A - B (_test)."""
+
+    p: float
+    se: float
+    df: float
+    ci_low: float
+    ci_high: float
+    method: str
+
+
+def _test(r: dict, paired: bool, machine: bool, n_resamples: int, seed: int) -> _Test:
     """p, standard error, df, 95% interval and method of one metric's A - B."""
     k = len(r["va"])
     diff = float(r["va"].mean() - r["vb"].mean())
-    out = {"p": math.nan, "se": math.nan, "df": 0.0, "ci_low": math.nan, "ci_high": math.nan}
+    out: _Test = {"p": math.nan, "se": math.nan, "df": 0.0, "ci_low": math.nan, "ci_high": math.nan}
     if paired and k >= 2:
-        p, se, df = t_test(r["va"] - r["vb"])
-        out.update(p=p, se=se, df=df, method="paired t over run pairs")
+        out["p"], out["se"], out["df"] = t_test(r["va"] - r["vb"])
+        out["method"] = "paired t over run pairs"
     elif not paired and k >= 2:
-        p, se, df = welch_test(r["va"], r["vb"])
-        out.update(p=p, se=se, df=df, method="Welch t over runs")
+        out["p"], out["se"], out["df"] = welch_test(r["va"], r["vb"])
+        out["method"] = "Welch t over runs"
     elif machine:
         return {**out, "method": "no verdict: one run per side (run-to-run noise not measured)"}
     elif not paired or "samples" not in r:
@@ -293,11 +305,11 @@ def _test(r: dict, paired: bool, machine: bool, n_resamples: int, seed: int) -> 
             paired=True,
         )
         if dist.size == 0 or np.all(dist == dist[0]):  # no variation: identical or constant differences
-            out.update(p=1.0 if diff == 0 else 0.0, se=0.0, df=math.inf, ci_low=lo, ci_high=hi)
+            out.update({"p": 1.0 if diff == 0 else 0.0, "se": 0.0, "df": math.inf, "ci_low": lo, "ci_high": hi})
         else:
             tail = min(np.mean(dist <= 0), np.mean(dist >= 0))
             p = min(1.0, 2 * (tail * dist.size + 1) / (dist.size + 1))
-            out.update(p=p, se=float(dist.std(ddof=1)), df=math.inf, ci_low=lo, ci_high=hi)
+            out.update({"p": p, "se": float(dist.std(ddof=1)), "df": math.inf, "ci_low": lo, "ci_high": hi})
         return {**out, "method": "paired bootstrap over requests (one simulated run per side)"}
     crit = float(sps.t.ppf(1 - ALPHA / 2, out["df"])) if out["se"] > 0 else 0.0
     out["ci_low"], out["ci_high"] = diff - crit * out["se"], diff + crit * out["se"]

@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 DEFAULT_RESAMPLES = 2000
 
@@ -92,7 +93,7 @@ def quantile_interval(values, q: float, level: float = 0.95) -> tuple:
 
 
 # ---- means over repeats -----------------------------------------------------------------------------
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+def t_interval(values: npt.ArrayLike, level: float = 0.95) -> tuple[float, float]:
     """(low, high) of the mean of independent values; (nan, nan) with fewer than two."""
     from scipy import stats
 
@@ -137,15 +138,15 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, fl
     """(p, standard error, Welch-Satterthwaite df) of mean(a) - mean(b) from independent samples."""
     from scipy import stats
 
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.size < 2 or b.size < 2:
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if xa.size < 2 or xb.size < 2:
         return math.nan, math.nan, 0.0
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
     se = math.sqrt(va + vb)
-    diff = float(a.mean() - b.mean())
+    diff = float(xa.mean() - xb.mean())
     if se == 0:
-        return (1.0 if diff == 0 else 0.0), 0.0, float(a.size + b.size - 2)
-    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+        return (1.0 if diff == 0 else 0.0), 0.0, float(xa.size + xb.size - 2)
+    df = (va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1))
     return float(2 * stats.t.sf(abs(diff) / se, df)), se, float(df)
 
 

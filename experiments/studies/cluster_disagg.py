@@ -22,6 +22,7 @@ import argparse
 import math
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,18 @@ from experiments.studies.cluster_runs import ROOT, RunTable, ci95, run_cluster_q
 
 OUT = ROOT / "results" / "cluster"
 GOAL = 0.9
-WORKLOADS = {
+
+
+class WorkloadSettings(TypedDict):
+    prompt: tuple[int, int]  # uniform length range, tokens
+    output: tuple[int, int]
+    ttft_ms: int  # SLOs
+    tpot_ms: int
+    rates: list[int]  # whole cluster, req/s
+    requests: int
+
+
+WORKLOADS: dict[str, WorkloadSettings] = {
     # prompt-heavy: summarisation-like; output-heavy: generation-like (lengths in tokens, uniform). Rates
     # (whole cluster, req/s) bracket each configuration's knee; enough requests that the cluster fills up
     "prompt-heavy": {"prompt": (2048, 6144), "output": (32, 128), "ttft_ms": 1500, "tpot_ms": 40,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from experiments.studies.cluster_runs import ROOT, RunTable, run_cluster_quietly, summarize_repeats, trace_path
 
@@ -34,7 +35,17 @@ ROUTERS = {  # label -> cluster overrides
 # per trace: SLOs (ms), arrival speed-up for 4 replicas, window starts (rows) and length
 # (Mooncake: its last 1,200 rows, where its hash ids repeat most within a window; scale4 puts the 4-replica
 # least_outstanding (Azure) / prefix_affinity (Mooncake) cluster near its SLO knee, from calibration runs)
-TRACES = {
+
+
+class TraceSettings(TypedDict):
+    ttft_ms: int  # SLOs
+    tpot_ms: int
+    scale4: float  # trace.time_scale at 4 replicas (scaled with the replica count)
+    starts: list[int]  # trace.start of each window
+    requests: int  # per window
+
+
+TRACES: dict[str, TraceSettings] = {
     "azure": {"ttft_ms": 500, "tpot_ms": 50, "scale4": 24.0, "starts": [0, 6000, 12000], "requests": 1000},
     "mooncake": {"ttft_ms": 2000, "tpot_ms": 100, "scale4": 1.0, "starts": [2393, 3393], "requests": 600},
 }

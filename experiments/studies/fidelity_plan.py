@@ -72,6 +72,8 @@ class Cell:
         rate = self.level * capacity
         if self.trace == "synthetic":
             return [*base, "replay=open_loop", f"trace.rate={rate:.6g}"]
+        if native_rate is None:
+            raise ValueError(f"{self.name}: scaling a file trace's arrivals needs its native arrival rate")
         return [*base, "replay=open_loop", f"trace.time_scale={rate / native_rate:.6g}"]
 
 

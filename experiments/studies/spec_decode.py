@@ -55,7 +55,10 @@ def stdlib_functions(n: int, min_lines: int = 8, max_lines: int = 30) -> list[tu
             key=lambda node: node.lineno,
         )
         for node in nodes:
-            seg = textwrap.dedent(ast.get_source_segment(src, node, padded=True))
+            segment = ast.get_source_segment(src, node, padded=True)
+            if segment is None:  # parsed from src: every node has its position
+                raise RuntimeError(f"{name}.{node.name}: no source segment")
+            seg = textwrap.dedent(segment)
             if (
                 min_lines <= seg.count("\n") + 1 <= max_lines
                 and not node.name.startswith("__")

@@ -87,7 +87,8 @@ def main(argv=None) -> Path:
     p.add_argument("--time-scale", type=float, default=5.0)
     p.add_argument("--slo-ttft-ms", type=float, default=1000)
     p.add_argument("--slo-tpot-ms", type=float, default=50)
-    args, args.overrides = p.parse_known_args(argv)
+    args, overrides = p.parse_known_args(argv)
+    args.overrides = overrides
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for tokens, seqs, window in itertools.product(args.tokens, args.seqs, range(args.windows)):

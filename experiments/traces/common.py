@@ -136,8 +136,8 @@ def finalize(
         offset = window[0] if window is not None else kept[0][0].arrival_s
     # Rows without their own token builder get synthesised ids, built in a few numpy batches.
     synth = [j for j, (row, _, _) in enumerate(kept) if row.tokens is None]
-    idx, lens = [kept[j][0].index for j in synth], [kept[j][1] for j in synth]
-    batch = dict(zip(synth, batch_request_tokens(opts["seed"], idx, lens, vocab_size, low)))
+    idx, synth_lens = [kept[j][0].index for j in synth], [kept[j][1] for j in synth]
+    batch = dict(zip(synth, batch_request_tokens(opts["seed"], idx, synth_lens, vocab_size, low)))
     reqs = []
     for j, (row, p, o) in enumerate(kept):
         ids = batch[j] if row.tokens is None else row.tokens(p)

@@ -9,6 +9,7 @@ null). Conversations without a human turn or a reply are skipped and counted.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,11 @@ def _encode(tokenizer, text: str, special: bool) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=special))
     except TypeError:  # tokenizers without the HF keyword
         return list(tokenizer.encode(text))
+
+
+def _prefix(ids: list[int]) -> Callable[[int], list[int]]:
+    """The `Row.tokens` builder of a tokenised prompt: its first n ids."""
+    return lambda n: ids[:n]
 
 
 def read_conversations(path) -> list[tuple[int, object, list[dict]]]:
@@ -130,7 +136,7 @@ def load(cfg: Any, vocab_size: int, max_model_len: int, tokenizer=None) -> Trace
                 output_len=o,
                 line=f"entry {i}",
                 meta={"id": cid, "entry": i},
-                tokens=lambda n, ids=ids: ids[:n],
+                tokens=_prefix(ids),
             )
 
     return finalize(rows(), opts, path=path, vocab_size=vocab_size, max_model_len=max_model_len, report=report)
