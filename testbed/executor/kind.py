@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from testbed.models.build import ModelSpec
 
 
 class ExecutorParts(NamedTuple):
@@ -68,7 +71,9 @@ class ExecutorKind:
         """The KV blocks the engine's allocator manages (config.cache.num_blocks when set)."""
         raise NotImplementedError
 
-    def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
+    def build(
+        self, model_spec: ModelSpec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int
+    ) -> ExecutorParts:
         """The executor, the model it runs and the speculator. num_cpu_blocks: the host pool (swap preemption,
         host KV tier; None without one); block_bytes: one KV block's size."""
         raise NotImplementedError
@@ -90,9 +95,9 @@ class ExecutorKind:
         time.sleep(seconds)
 
 
-def filler_token(spec) -> int:
+def filler_token(model_spec: ModelSpec) -> int:
     """The token an executor that runs no model samples: never an EOS id, so requests end at their length."""
-    eos = set(spec.eos_token_ids)
+    eos = set(model_spec.eos_token_ids)
     return next(t for t in range(len(eos) + 1) if t not in eos)
 
 
@@ -149,11 +154,13 @@ class RealKind(LocalKind):
         check_kv_cache_fits(self.config, num_blocks, bytes_per_block, self.device)
         return num_blocks
 
-    def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
+    def build(
+        self, model_spec: ModelSpec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int
+    ) -> ExecutorParts:
         from testbed.executor.build import build_executor
 
         config, device, dtype = self.config, self.device, self.dtype
-        return build_executor(config, spec, self.backend, num_blocks, num_cpu_blocks, device, dtype, sampler)
+        return build_executor(config, model_spec, self.backend, num_blocks, num_cpu_blocks, device, dtype, sampler)
 
     def async_by_default(self, speculating: bool) -> bool:
         return self.device.type == "cuda" and not speculating
@@ -177,7 +184,9 @@ class HostKind(LocalKind):
             fields["step_time_s"] = (group["step_time_s"], "executor.step_time_s")
         return fields
 
-    def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
+    def build(
+        self, model_spec: ModelSpec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int
+    ) -> ExecutorParts:
         from testbed.executor.block_tables import BlockTables
         from testbed.executor.build import table_width
         from testbed.executor.host_buffers import InputBuffers
@@ -185,9 +194,9 @@ class HostKind(LocalKind):
 
         config, seqs = self.config, self.config.scheduler.max_num_seqs
         block_size = config.cache.block_size
-        width = table_width(spec, block_size)
+        width = table_width(model_spec, block_size)
         tables = BlockTables(width, seqs)
         tokens = max(config.scheduler.max_num_batched_tokens, seqs)
         buffers = InputBuffers(block_size, tokens, seqs, width, "cpu", False)
-        executor = HostExecutor(tables, buffers, filler_token(spec), config.executor.step_time_s)
+        executor = HostExecutor(tables, buffers, filler_token(model_spec), config.executor.step_time_s)
         return ExecutorParts(executor, None, None)

@@ -1,13 +1,19 @@
 """executor=sim: the real scheduler, KV cache and policies; each step priced by a cost model on a virtual
 clock (testbed.sim.build). Nothing runs on a device: the simulated one is the cost model's."""
 
+from __future__ import annotations
+
 import dataclasses
+from typing import TYPE_CHECKING
 
 from testbed.executor.kind import ExecutorKind, ExecutorParts, filler_token
 from testbed.sim.build import build_sim_executor, plan_simulation, sim_config
 from testbed.sim.cost_models import REPLAY_STEPS
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.host_copies import host_copy_cost
+
+if TYPE_CHECKING:
+    from testbed.models.build import ModelSpec
 
 
 class SimKind(ExecutorKind):
@@ -49,12 +55,14 @@ class SimKind(ExecutorKind):
             arch, cache.block_size, cache.gpu_memory_utilization, cache.memory_gb
         )
 
-    def build(self, spec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int) -> ExecutorParts:
+    def build(
+        self, model_spec: ModelSpec, sampler, num_blocks: int, num_cpu_blocks: int | None, block_bytes: int
+    ) -> ExecutorParts:
         config = self.config
         executor, speculator = build_sim_executor(
             self.plan,
-            spec,
-            filler_token(spec),
+            model_spec,
+            filler_token(model_spec),
             config.speculative,
             config.scheduler.max_num_seqs,
             config.scheduler.max_num_batched_tokens,
