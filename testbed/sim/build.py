@@ -108,6 +108,10 @@ def build_sim_executor(
         cost_model = build_cost_model(sim.cost_model, context, sim.cost_model_options)
     if plan.tensor_parallel_size > 1:
         cost_model = _tensor_parallel(cost_model, plan, spec)
+    if cost_model is not None and sim.cost_scale != 1:
+        from testbed.sim.cost_models.scaled import ScaledCost
+
+        cost_model = ScaledCost(cost_model, sim.cost_scale)
     speculator = None
     if speculative.enabled:  # a SpeculativeConfig
         speculator = Speculator(speculative, FixedDraftProposer(token_id), spec.max_model_len)

@@ -1,5 +1,6 @@
 """Settings of the simulated executor (`EngineConfig(executor="sim", sim_config={...})`)."""
 
+import math
 from dataclasses import dataclass, fields
 
 from testbed.sim.cost_models import COST_MODELS, REPLAY_STEPS, cost_model_class
@@ -20,6 +21,7 @@ class SimConfig:
     seed: int = 0  # draws of the acceptance model
     tp_link: str | dict = "nvlink"  # parallel.tensor_parallel_size > 1: the link all-reduces are priced over
     skip_steps: bool = True  # advance runs of pure decode steps in one go (testbed.sim.decode_runs; same results)
+    cost_scale: float = 1.0  # every step's price x this (a device X% slower: 1 + X/100; testbed.sim.cost_models.scaled)
 
     def __post_init__(self):
         if self.cost_model == REPLAY_STEPS:
@@ -37,6 +39,10 @@ class SimConfig:
             raise ValueError(f"the {self.cost_model} cost model needs a profile file (executor.profile=PATH)")
         if self.cost_model == "replay_steps" and not self.run:
             raise ValueError("the replay_steps cost model needs a recorded run folder (executor.run=DIR)")
+        if not (math.isfinite(self.cost_scale) and self.cost_scale > 0):
+            raise ValueError(f"executor.cost_scale must be a finite number > 0, got {self.cost_scale}")
+        if self.cost_model == REPLAY_STEPS and self.cost_scale != 1:
+            raise ValueError("executor.cost_scale scales a cost model's prices: replay_steps replays recorded time")
         if not 0 <= self.spec_acceptance <= 1:
             raise ValueError(f"spec_acceptance must be in [0, 1], got {self.spec_acceptance}")
 

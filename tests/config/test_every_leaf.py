@@ -285,6 +285,7 @@ def test_unknown_keys_and_bad_values_are_refused_naming_the_key():
         ("replay.length_scale=-1", "replay.length_scale"),
         ("device.hbm_bandwidth_gbs=0", "device.hbm_bandwidth_gbs"),
         ("executor.spec_acceptance=2", "executor.spec_acceptance"),
+        ("executor.cost_scale=0", "executor.cost_scale"),
         ("+replay.concurency=4", "replay.concurency"),
         ("+max_num_seqs=8", "max_num_seqs"),
     ]:

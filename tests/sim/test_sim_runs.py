@@ -111,6 +111,29 @@ def test_every_replay_mode_on_the_virtual_clock_is_deterministic(tmp_path, mode)
         assert summary["duration"] >= requests["arrival_time"].max() - requests["arrival_time"].min()
 
 
+@pytest.mark.parametrize("skip_steps", [True, False])
+def test_cost_scale_multiplies_every_step_price(tmp_path, skip_steps):
+    """A device 2x slower (executor.cost_scale=2): a closed loop's every time doubles, decode TPOT included,
+    through the decode runs' batched prices too (skip_steps) and stepping one by one."""
+    overrides = [
+        "model=llama-3.1-8b",
+        "executor=sim",
+        "device=h100-sxm",
+        "replay=closed_loop",
+        "replay.concurrency=4",
+        f"executor.skip_steps={str(skip_steps).lower()}",
+        *SMALL_TRACE,
+        "~trace.output_len",
+        "+trace.output_len={dist:uniform,low:48,high:64}",  # decode-bound
+    ]
+    base = json.loads((run(tmp_path, "x1", *overrides) / "summary.json").read_text())
+    slow = json.loads((run(tmp_path, "x2", *overrides, "executor.cost_scale=2") / "summary.json").read_text())
+    assert base["num_steps"] == slow["num_steps"] and base["decode_tokens"] > 10 * base["prefill_tokens"] / 48
+    for key in ("median_tpot_ms", "p99_tpot_ms", "median_ttft_ms", "median_e2el_ms", "duration"):
+        assert slow[key] == pytest.approx(2 * base[key], rel=1e-9), key
+    assert slow["sim_cost_scale"] == 2 and "sim_cost_scale" not in base
+
+
 def test_simulated_speculative_decoding_accepts_at_the_configured_rate():
     engine = Engine(
         EngineConfig(
@@ -146,6 +169,8 @@ def test_simulated_speculative_decoding_accepts_at_the_configured_rate():
         ({"cost_model": "profile", "profile": "/nonexistent.json"}, "no profile at"),
         ({"cost_model": "replay_steps", "run": "/nonexistent"}, "not a recorded run"),
         ({"cost_model": "magic"}, r"unknown sim cost_model .magic.; choose one of \[.roofline., .profile."),
+        ({"device": "h100-sxm", "cost_scale": 0.0}, r"executor\.cost_scale must be a finite number > 0"),
+        ({"cost_model": "replay_steps", "run": "/x", "cost_scale": 2.0}, "replay_steps replays recorded time"),
     ],
 )
 def test_bad_simulation_config_fails_before_the_run(sim_config, match):
