@@ -17,6 +17,11 @@ step_residuals.csv (every busy real step, its whole shape, priced by each cost m
 follow different work in this process, repeat 0 the previous cell's simulations, later ones a real run) and
 summary.md, which also names the profile's calibration and its self-check. The SLO is the composed config's
 `slo` (override slo.ttft_ms=...).
+
+--drift-matched also simulates every real run at the machine speed its probe measured (executor.cost_scale =
+probe / the mean of the calibration's three probes; experiments/studies/fidelity_drift.py) and writes
+drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and drift_matched.md. The same
+tables for a finished study folder: python -m experiments.studies.fidelity_reanalyze FOLDER.
 """
 
 import argparse
@@ -33,6 +38,7 @@ from experiments.calibration.step_shapes import StepShapes
 from experiments.results.atomic import atomic_open
 from experiments.results.environment import environment
 from experiments.run.runner import build_engine, config_value, run_trace
+from experiments.studies import fidelity_drift as drift_tables
 from experiments.studies import fidelity_report as report
 from experiments.studies.fidelity_plan import TRACES, Cell, cells, native_rate, trace_overrides
 
@@ -47,6 +53,21 @@ def compose(overrides: list[str]):
 
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         return hydra_compose("config", overrides=["progress=false", "wandb.enabled=false", *overrides])
+
+
+def simulate(overrides: list[str], profile: Path, name: str, run_dir: Path, cost_scale: float = 1.0) -> dict:
+    """One simulation of a cell's composed overrides with cost model `name`, its prices x cost_scale."""
+    cfg = compose(
+        [
+            *overrides,
+            "executor=sim",
+            f"executor.cost_model={name}",
+            f"executor.profile={profile}",
+            "executor.allow_extrapolation=true",
+            f"executor.cost_scale={cost_scale!r}",
+        ]
+    )
+    return run_trace(cfg, run_dir)
 
 
 def cost_model(name: str, profile: Path, engine):
@@ -69,6 +90,7 @@ class Study:
             )
         check = meta.get("self_check") or {}
         self.reference_probe = (check.get("probe_seconds") or [None])[0]  # the calibration's start probe
+        self.matching_probe = drift_tables.reference_probe(meta)  # --drift-matched: the mean of its three
         self.setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]
         self.user = engine_overrides  # last: the user's overrides win over the cell's (e.g. shorter outputs)
         self.engine = None  # the last real engine (reads the trace for its native rate)
@@ -87,6 +109,8 @@ class Study:
         probe = probe_seconds(engine, self.args.probe_repeats)
         if self.reference_probe is None:
             self.reference_probe = probe  # no calibration probe in the profile: drift against the first one
+        if self.matching_probe is None:
+            self.matching_probe = probe
         models = {name: cost_model(name, self.profile, engine) for name in self.args.cost_models}
         with StepShapes(engine) as rec:
             summary = run_trace(cfg, self.args.out / "runs" / cell.name / f"real{repeat}", engine)
@@ -115,28 +139,49 @@ class Study:
         return {**summary, "side": "real", "repeat": repeat, "cost_model": None, "probe_s": probe, "drift": drift}
 
     def sim(self, cell: Cell, overrides: list[str], name: str) -> dict:
-        cfg = compose(
-            [
-                *self.setup,
-                *overrides,
-                *self.user,
-                "executor=sim",
-                f"executor.cost_model={name}",
-                f"executor.profile={self.profile}",
-                "executor.allow_extrapolation=true",
-            ]
-        )
-        summary = run_trace(cfg, self.args.out / "runs" / cell.name / f"sim-{name}")
+        run_dir = self.args.out / "runs" / cell.name / f"sim-{name}"
+        summary = simulate([*self.setup, *overrides, *self.user], self.profile, name, run_dir)
         return {**summary, "side": "sim", "repeat": None, "cost_model": name, "probe_s": None, "drift": None}
+
+    def matched(self, cell: Cell, overrides: list[str], name: str, real: dict) -> dict:
+        """The simulation of one real run at the speed its probe measured (--drift-matched)."""
+        scale = real["probe_s"] / self.matching_probe
+        run_dir = self.args.out / "runs" / cell.name / f"sim-{name}-matched{real['repeat']}"
+        summary = simulate([*self.setup, *overrides, *self.user], self.profile, name, run_dir, scale)
+        return {
+            **summary,
+            "side": drift_tables.MATCHED,
+            "repeat": real["repeat"],
+            "cost_model": name,
+            "probe_s": real["probe_s"],
+            "drift": real["drift"],
+            "cost_scale": scale,
+        }
+
+    def sims(self, cell: Cell, overrides: list[str], real: list[dict]) -> list[dict]:
+        rows = [self.sim(cell, overrides, name) for name in self.args.cost_models]
+        if self.args.drift_matched:
+            rows += [self.matched(cell, overrides, name, r) for r in real for name in self.args.cost_models]
+        return rows
 
     def cell(self, cell: Cell, overrides: list[str], offered_rate: float | None) -> list[dict]:
         rows = [self.real(cell, overrides, i) for i in range(self.args.repeats)]
         if not self.args.sims_last:
-            rows += [self.sim(cell, overrides, name) for name in self.args.cost_models]
+            rows += self.sims(cell, overrides, rows)
         return self.record(cell, offered_rate, rows)
 
     def record(self, cell: Cell, offered_rate: float | None, rows: list[dict]) -> list[dict]:
-        keep = ("side", "repeat", "cost_model", "probe_s", "drift", *report.METRICS, "completed", "duration")
+        keep = (
+            "side",
+            "repeat",
+            "cost_model",
+            "probe_s",
+            "drift",
+            "cost_scale",
+            *report.METRICS,
+            "completed",
+            "duration",
+        )
         out = [
             {
                 "cell": cell.name,
@@ -154,12 +199,12 @@ class Study:
 
     def trace(self, trace: str) -> None:
         closed, open_ = cells(trace, self.args.concurrency, self.args.loads, self.args.scale)
-        done: list[tuple[Cell, list[str], float | None]] = []
+        done: list[tuple[Cell, list[str], float | None, list[dict]]] = []
         top = []
         for c in closed:
             rows = self.cell(c, c.overrides(), None)
             top = [r["request_throughput"] for r in rows if r["side"] == "real"]
-            done.append((c, c.overrides(), None))
+            done.append((c, c.overrides(), None, rows))
         capacity = sum(top) / len(top)
         self.log(f"{trace}: capacity {capacity:.3g} req/s (real, closed loop c={closed[-1].level:g})")
         native = None
@@ -167,11 +212,11 @@ class Study:
             cfg = compose([*self.setup, *trace_overrides(trace, open_[0].num_requests), *self.user])
             native = native_rate(cfg, self.engine)
         for c in open_:
-            self.cell(c, c.overrides(capacity, native), c.level * capacity)
-            done.append((c, c.overrides(capacity, native), c.level * capacity))
+            rows = self.cell(c, c.overrides(capacity, native), c.level * capacity)
+            done.append((c, c.overrides(capacity, native), c.level * capacity, rows))
         if self.args.sims_last:  # every real run but the first followed a real run
-            for c, overrides, rate in done:
-                self.record(c, rate, [self.sim(c, overrides, name) for name in self.args.cost_models])
+            for c, overrides, rate, rows in done:
+                self.record(c, rate, self.sims(c, overrides, [r for r in rows if r["side"] == "real"]))
 
     def write(self) -> None:
         out = self.args.out
@@ -189,6 +234,8 @@ class Study:
             "residuals_by_kind": residuals,
             "residuals_by_repeat": by_repeat,
         }
+        if self.args.drift_matched and (runs["side"] == drift_tables.MATCHED).any():
+            tables.update(drift_tables_of(runs, steps, self.matching_probe, self.args.attainment))
         for name, table in tables.items():
             with atomic_open(out / f"{name}.csv") as f:
                 table.to_csv(f, index=False)
@@ -204,6 +251,24 @@ class Study:
         )
         with atomic_open(out / "summary.md") as f:
             f.write(report.summary_markdown(figs, knee_table, residuals, header, by_repeat))
+        if "drift_matched" in tables:
+            write_drift_markdown(out, tables, f"Drift-matched fidelity: {self.calibration}")
+
+
+def drift_tables_of(runs: pd.DataFrame, steps: pd.DataFrame, reference: float, attainment: float) -> dict:
+    per_run = drift_tables.probe_gauge_runs(steps, runs, reference) if len(steps) else pd.DataFrame()
+    return {
+        "drift_matched": drift_tables.drift_matched(runs),
+        "knee_matched": drift_tables.knee_matched(runs, attainment),
+        "probe_gauge_runs": per_run,
+        "probe_gauge": drift_tables.probe_gauge(per_run) if len(per_run) else pd.DataFrame(),
+    }
+
+
+def write_drift_markdown(out: Path, tables: dict, header: str) -> None:
+    text = drift_tables.markdown(tables["drift_matched"], tables["knee_matched"], tables["probe_gauge"], header)
+    with atomic_open(out / "drift_matched.md") as f:
+        f.write(text)
 
 
 def parse(argv):
@@ -223,6 +288,12 @@ def parse(argv):
         action="store_true",
         help="simulate a trace's cells after all its real runs (default: each cell's after its real runs), so "
         "no real run follows simulations: an A/B of the real engine's speed after either",
+    )
+    p.add_argument(
+        "--drift-matched",
+        action="store_true",
+        help="also simulate each real run with executor.cost_scale = its probe / the calibration's mean probe "
+        "(the machine's measured speed held fixed): drift_matched.md and its tables",
     )
     args, overrides = p.parse_known_args(argv)
     if args.repeats < 2:

@@ -8,8 +8,9 @@ import math
 import pandas as pd
 import pytest
 
-from experiments.studies import fidelity
-from experiments.studies.fidelity_report import knee, residuals_by_repeat
+from experiments.studies import fidelity, fidelity_reanalyze
+from experiments.studies.fidelity_drift import MATCHED, drift_matched, probe_gauge, probe_gauge_runs
+from experiments.studies.fidelity_report import METRICS, knee, residuals_by_repeat
 from testbed.sim.cost_models.operators import fit_operators
 from testbed.sim.cost_models.profile import FORMAT, fit
 from testbed.sim.shape import StepShape
@@ -74,6 +75,43 @@ def test_residuals_by_repeat_recover_a_planted_speed_change():
         assert table.loc[(cost_model, 2), "mean_probe_drift"] == pytest.approx(0.02)
 
 
+def test_drift_matching_recovers_a_planted_machine_speed():
+    """Each real run ran at a speed its probe measured exactly (probe = reference x slowdown, every time x
+    slowdown): the matched simulations (scale = that slowdown) hit the real mean exactly, the raw one does not,
+    and per run the probe predicts the step residual with r = -1 and slope -1, matched residual 0."""
+    reference, slow = 1.0, {0: 1.3, 1: 1.2, 2: 1.1}
+    base = {m: 100.0 for m in METRICS}
+    ident = {"cell": "c", "trace": "synthetic", "mode": "closed", "level": 4.0, "offered_rate": None}
+    rows = [
+        {**ident, **{m: v * k for m, v in base.items()}, "side": "real", "repeat": r, "probe_s": reference * k}
+        for r, k in slow.items()
+    ]
+    rows.append({**ident, **base, "side": "sim", "cost_model": "profile"})
+    rows += [
+        {**ident, **{m: v * k for m, v in base.items()}, "side": MATCHED, "cost_model": "profile", "repeat": r,
+         "cost_scale": k}
+        for r, k in slow.items()
+    ]  # fmt: skip
+    table = drift_matched(pd.DataFrame(rows)).set_index("metric")
+    tpot = table.loc["median_tpot_ms"]
+    assert tpot["real_mean"] == pytest.approx(120) and tpot["raw_error"] == pytest.approx(100 / 120 - 1)
+    assert tpot["matched_error"] == pytest.approx(0, abs=1e-12) and tpot["matched_inside"]
+    assert tpot["verdict"] == "drift" and tpot["spread_exceeds_target"]  # half-width 24.8 = 20.7% of the mean
+    assert pd.isna(table.loc["request_throughput", "verdict"])  # no target
+    steps = pd.DataFrame(
+        [
+            {"cell": "c", "repeat": r, "cost_model": "profile", "kind": "decode", "predicted_s": 0.01 * (1 + i),
+             "measured_s": 0.01 * (1 + i) * k}
+            for r, k in slow.items()
+            for i in range(5)
+        ]
+    )  # fmt: skip
+    per_run = probe_gauge_runs(steps, pd.DataFrame(rows), reference)
+    assert per_run["matched_median_residual"].abs().max() < 1e-12
+    gauge = probe_gauge(per_run).iloc[0]
+    assert gauge["pearson_r"] == pytest.approx(-1) and gauge["slope"] == pytest.approx(-1) and gauge["runs"] == 3
+
+
 def test_a_profile_without_operators_is_refused_before_any_run(tmp_path, profile):
     meta = json.loads(profile.read_text())
     del meta["operators"]
@@ -89,8 +127,9 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     overrides = ["slo.ttft_ms=50", "slo.tpot_ms=20", "cache.num_blocks=128"]
     short = ["replay.max_prompt_tokens=40", "replay.max_output_tokens=5"]
     flags = "--scale 0.07 --repeats 2 --probe-repeats 1 --traces synthetic azure --concurrency 4 --loads 0.5 1.2"
-    fidelity.main([*overrides, *short, "--profile", str(profile), "--out", str(out), *flags.split()])
-    runs = pd.read_csv(out / "runs.csv")
+    fidelity.main([*overrides, *short, "--profile", str(profile), "--out", str(out), *flags.split(), "--drift-matched"])
+    every = pd.read_csv(out / "runs.csv")
+    runs = every[every["side"] != MATCHED]
     cells = [f"{t}_{c}" for t in ("synthetic", "azure") for c in ("closed_c4", "open_50pct", "open_120pct")]
     assert list(dict.fromkeys(runs["cell"])) == cells
     for cell, g in runs.groupby("cell"):
@@ -138,6 +177,27 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert "per real repeat" in summary and "Calibration: profile dated" in summary
     assert (out / "runs" / "azure_open_50pct" / "real1" / "requests.parquet").exists()
     assert (out / "runs" / "azure_open_50pct" / "sim-operators" / "summary.json").exists()
+    # --drift-matched: each real run simulated again at its probe / the calibration's mean probe (0.05 s)
+    matched = every[every["side"] == MATCHED].merge(
+        real[["cell", "repeat", "probe_s"]], on=["cell", "repeat"], suffixes=("", "_real")
+    )
+    assert len(matched) == 2 * len(real)
+    assert matched["cost_scale"].to_numpy() == pytest.approx(matched["probe_s_real"].to_numpy() / 0.05)
+    scaled = json.loads((out / "runs" / "azure_closed_c4" / "sim-profile-matched1" / "summary.json").read_text())
+    assert scaled["sim_cost_scale"] == pytest.approx(matched.set_index(["cell", "cost_model", "repeat"]).loc[
+        ("azure_closed_c4", "profile", 1), "cost_scale"])  # fmt: skip
+    table = pd.read_csv(out / "drift_matched.csv")
+    assert len(table) == len(cells) * 2 * len(METRICS) and table["verdict"].notna().sum() == len(cells) * 2 * 6
+    assert len(pd.read_csv(out / "probe_gauge_runs.csv")) == 2 * len(real)
+    assert "Is the probe a faithful gauge?" in (out / "drift_matched.md").read_text()
+    # the re-analysis of the finished folder simulates the same runs again: the same tables
+    for name in ("drift_matched", "knee_matched", "probe_gauge"):
+        (out / f"{name}.csv").rename(out / f"{name}.study.csv")
+    fidelity_reanalyze.main([str(out), "--profile", str(profile), *overrides, *short])
+    for name in ("drift_matched", "knee_matched", "probe_gauge"):
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), pd.read_csv(out / f"{name}.study.csv"))
+    again = pd.read_csv(out / "drift_runs.csv")
+    assert all(max(abs(v) for v in json.loads(d).values()) < 1e-9 for d in again["resim_vs_recorded"].dropna())
 
 
 @pytest.mark.parametrize("sims_last", [False, True])

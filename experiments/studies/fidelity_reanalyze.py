@@ -1,0 +1,122 @@
+"""Drift-matched re-analysis of a finished fidelity study folder (experiments/studies/fidelity_drift.py).
+
+    python -m experiments.studies.fidelity_reanalyze results/fidelity/v3_2026-12-03 [--profile P]
+
+Reads the folder's runs.csv (each real run's probe time) and step_residuals.csv, and each cell's recorded
+simulation config (runs/<cell>/sim-<model>/config.yaml: its request count and arrival rate), then simulates
+every cell again with the code as it is now: once at cost_scale 1 (the raw figure, so raw and matched differ
+by the scale alone; `resim_vs_recorded` in drift_runs.csv says how far it is from the study's own
+simulation) and once per real run at cost_scale = that run's probe / the mean of the calibration's three
+probes. Simulations are deterministic and run on a virtual clock: the machine's load does not enter.
+Writes drift_runs.csv, drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and
+drift_matched.md into the folder (their runs in a temporary folder unless --keep-runs).
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from experiments.results.atomic import atomic_open
+from experiments.studies import fidelity_drift as drift
+from experiments.studies.fidelity import drift_tables_of, simulate, write_drift_markdown
+from experiments.studies.fidelity_plan import Cell
+from experiments.studies.fidelity_report import METRICS, calibration_line
+
+
+def find_profile(folder: Path, given: Path | None) -> Path:
+    if given is not None:
+        return given
+    found = sorted((folder / "profile").glob("*.json"))
+    if len(found) != 1:
+        raise SystemExit(f"{folder}: no single profile in {folder / 'profile'}; pass --profile PATH")
+    return found[0]
+
+
+def cell_overrides(folder: Path, row, cost_model: str) -> list[str]:
+    """The cell's overrides as the study composed them (experiments.studies.fidelity_plan.Cell), its request
+    count and open-loop rate read back from the study's own simulation of it."""
+    recorded = OmegaConf.load(folder / "runs" / row["cell"] / f"sim-{cost_model}" / "config.yaml")
+    trace = recorded.trace
+    n = int(trace.get("num_requests") or trace.get("max_requests"))
+    cell = Cell(row["trace"], row["mode"], float(row["level"]), n)
+    if cell.mode == "closed":
+        return cell.overrides()
+    rate = float(row["offered_rate"])
+    native = rate / float(trace.time_scale) if cell.trace != "synthetic" else None
+    return cell.overrides(rate / cell.level, native)
+
+
+def reanalyze(
+    folder: Path, profile: Path, runs_dir: Path, user: list[str], cost_models: list[str] | None
+) -> pd.DataFrame:
+    """runs.csv's real rows plus, per cell and cost model, the re-simulation at scale 1 (side sim) and one
+    matched simulation per real run (side sim_matched)."""
+    runs = pd.read_csv(folder / "runs.csv")
+    meta = json.loads(profile.read_text())
+    reference = drift.reference_probe(meta)
+    if reference is None:
+        raise SystemExit(f"{profile} records no calibration probe (self_check.probe_seconds): nothing to match")
+    setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]
+    real = drift.cost_scales(runs, reference)
+    recorded = runs[runs["side"] == "sim"]
+    models = cost_models or list(dict.fromkeys(recorded["cost_model"]))
+    rows = [real]
+    for cell, group in real.groupby("cell", sort=False):
+        first = group.iloc[0]
+        for name in models:
+            overrides = [*setup, *cell_overrides(folder, first, name), *user]
+            base = simulate(overrides, profile, name, runs_dir / cell / f"sim-{name}")
+            study = recorded[(recorded["cell"] == cell) & (recorded["cost_model"] == name)]
+            same = {m: base[m] / float(study[m].iloc[0]) - 1 if len(study) else None for m in METRICS}
+            out = [{**base, "side": "sim", "cost_model": name, "resim_vs_recorded": json.dumps(same)}]
+            for r in group.itertuples():
+                run_dir = runs_dir / cell / f"sim-{name}-matched{r.repeat}"
+                summary = simulate(overrides, profile, name, run_dir, r.cost_scale)
+                out.append(
+                    {**summary, "side": drift.MATCHED, "cost_model": name, "repeat": r.repeat,
+                     "probe_s": r.probe_s, "drift": r.drift, "cost_scale": r.cost_scale}
+                )  # fmt: skip
+            keep = ["side", "cost_model", "repeat", "probe_s", "drift", "cost_scale", *METRICS, "completed", "duration"]
+            ident = {k: first[k] for k in ("cell", "trace", "mode", "level", "offered_rate")}
+            rows.append(pd.DataFrame([{**ident, **{k: o.get(k) for k in [*keep, "resim_vs_recorded"]}} for o in out]))
+            print(f"{cell} {name}: raw + {len(group)} matched simulations", file=sys.stderr)
+    return pd.concat(rows, ignore_index=True)
+
+
+def main(argv=None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", type=Path, help="a fidelity study's --out folder (runs.csv, step_residuals.csv, runs/)")
+    p.add_argument("--profile", type=Path, help="the profile the study ran on (default: FOLDER/profile/*.json)")
+    p.add_argument("--cost-models", nargs="+", help="default: those the study simulated")
+    p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment that defines the knee")
+    p.add_argument("--keep-runs", action="store_true", help="keep the simulations' run folders in FOLDER/drift_runs/")
+    args, user = p.parse_known_args(argv)
+    folder, profile = args.folder, find_profile(args.folder, args.profile)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs_dir = folder / "drift_runs" if args.keep_runs else Path(tmp)
+        runs = reanalyze(folder, profile, runs_dir, user, args.cost_models)
+    meta = json.loads(profile.read_text())
+    steps = pd.read_csv(folder / "step_residuals.csv")
+    tables = {"drift_runs": runs, **drift_tables_of(runs, steps, drift.reference_probe(meta), args.attainment)}
+    for name, table in tables.items():
+        with atomic_open(folder / f"{name}.csv") as f:
+            table.to_csv(f, index=False)
+    header = (
+        f"Drift-matched re-analysis of `{folder.name}` (`python -m experiments.studies.fidelity_reanalyze "
+        f"{folder}{f' --profile {profile}' if args.profile else ''}`): profile `{profile}`, {calibration_line(meta)}. "
+        f"Reference probe (mean of the calibration's three) {1e3 * drift.reference_probe(meta):.0f} ms; each real "
+        "run simulated again at cost_scale = its probe / that reference. Raw figures are re-simulated with "
+        "today's code at cost_scale 1 (drift_runs.csv `resim_vs_recorded`: against the study's own simulation)."
+    )
+    write_drift_markdown(folder, tables, header)
+    print((folder / "drift_matched.md").read_text())
+    return folder
+
+
+if __name__ == "__main__":
+    main()
