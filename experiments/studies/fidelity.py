@@ -234,8 +234,9 @@ class Study:
             "residuals_by_kind": residuals,
             "residuals_by_repeat": by_repeat,
         }
-        if self.args.drift_matched and (runs["side"] == drift_tables.MATCHED).any():
-            tables.update(drift_tables_of(runs, steps, self.matching_probe, self.args.attainment))
+        reference = self.matching_probe  # set by the first real run when the profile has no probe
+        if self.args.drift_matched and reference is not None and (runs["side"] == drift_tables.MATCHED).any():
+            tables.update(drift_tables_of(runs, steps, reference, self.args.attainment))
         for name, table in tables.items():
             with atomic_open(out / f"{name}.csv") as f:
                 table.to_csv(f, index=False)

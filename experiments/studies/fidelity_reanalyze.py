@@ -14,6 +14,7 @@ drift_matched.md into the folder (their runs in a temporary folder unless --keep
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -101,15 +102,16 @@ def main(argv=None) -> Path:
         runs_dir = folder / "drift_runs" if args.keep_runs else Path(tmp)
         runs = reanalyze(folder, profile, runs_dir, user, args.cost_models)
     meta = json.loads(profile.read_text())
+    reference = drift.reference_probe(meta) or math.nan  # reanalyze() refused a profile without one
     steps = pd.read_csv(folder / "step_residuals.csv")
-    tables = {"drift_runs": runs, **drift_tables_of(runs, steps, drift.reference_probe(meta), args.attainment)}
+    tables = {"drift_runs": runs, **drift_tables_of(runs, steps, reference, args.attainment)}
     for name, table in tables.items():
         with atomic_open(folder / f"{name}.csv") as f:
             table.to_csv(f, index=False)
     header = (
         f"Drift-matched re-analysis of `{folder.name}` (`python -m experiments.studies.fidelity_reanalyze "
         f"{folder}{f' --profile {profile}' if args.profile else ''}`): profile `{profile}`, {calibration_line(meta)}. "
-        f"Reference probe (mean of the calibration's three) {1e3 * drift.reference_probe(meta):.0f} ms; each real "
+        f"Reference probe (mean of the calibration's three) {1e3 * reference:.0f} ms; each real "
         "run simulated again at cost_scale = its probe / that reference. Raw figures are re-simulated with "
         "today's code at cost_scale 1 (drift_runs.csv `resim_vs_recorded`: against the study's own simulation)."
     )
