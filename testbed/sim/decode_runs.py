@@ -22,6 +22,8 @@ tests/sim/test_decode_runs.py; `executor.skip_steps=false` turns skipping off.
 """
 
 import heapq
+from bisect import bisect_left
+from itertools import accumulate
 
 from testbed.core.allocators.paged import PagedAllocator
 from testbed.core.policies.base import SchedulingPolicy
@@ -50,8 +52,14 @@ class DecodeRuns:
         self.emit_run = emit_run
         self.kv_stats = kv_stats
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
+        self.num_out_of_blocks = 0  # runs that ended where the free blocks ran out
         self._steady_policy = _steady(scheduler.policy)
         self._paged = isinstance(kv, PagedAllocator)
+        # the paged allocator's decode allocation as _run_planned plans it
+        self._planned_allocator = self._paged and all(
+            getattr(type(kv), name) is getattr(PagedAllocator, name)
+            for name in ("allocate_slots", "can_allocate", "_set_fast_limit", "_cache_full_blocks", "blocks_needed")
+        )
         # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
         # the stats object), unless a subclass reports it differently
         cls = type(kv)
@@ -94,13 +102,153 @@ class DecodeRuns:
 
     def run(self, horizon: float) -> int:
         """Advance decode steps while each would start before `horizon`; returns how many ran."""
-        sched, kv, ex = self.scheduler, self.kv, self.executor
-        clock, cost_model, token, kv_stats = ex.clock, ex.cost_model, ex.token_id, self.kv_stats
-        if type(clock) is not VirtualClock:  # its time is read and moved here directly
+        if type(self.executor.clock) is not VirtualClock:  # its time is read and moved here directly
             return 0
         max_steps = self._eligible()
         if max_steps <= 0:
             return 0
+        if self._plannable():
+            ran = self._run_planned(horizon, max_steps)
+            if ran is not None:
+                return ran
+        return self._run_stepwise(horizon, max_steps)
+
+    def _plannable(self) -> bool:
+        """Whether a run's allocations can be planned ahead: the paged allocator's own decode allocation,
+        whose only effect on a step's price would be host-tier copies (none here), and its counters'
+        cache state."""
+        kv, ex = self.kv, self.executor
+        return (
+            self._planned_allocator
+            and self._compact_stats is not None
+            and ex.copy_cost is None
+            and kv.host_tier is None
+            and kv.pool.on_evict is None
+            and not kv.req_may_share
+        )
+
+    def _run_planned(self, horizon: float, max_steps: int) -> int | None:
+        """The run as _run_stepwise makes it, planned instead of found step by step: the step times first
+        (the steps starting before `horizon`, summed in the same order), then each request's allocation
+        events (the steps at which the allocator's fast limit is passed: a block fills up or a new one is
+        needed), computed from its block counts as PagedAllocator.allocate_slots would move them; the run
+        ends before the first step whose new blocks the free ones cannot all cover (they only shrink
+        during a run: nothing is freed, nothing admitted). Then the allocations are made by allocate_slots
+        itself in step and batch order, checking each against the plan, and the cache state noted after
+        each step. None (nothing changed) where the plan does not apply: a negative price, or a request
+        that would need more than one block in a step."""
+        sched, kv, ex = self.scheduler, self.kv, self.executor
+        clock, token = ex.clock, ex.token_id
+        running = list(sched.running)
+        n = len(running)
+        bs, caching = kv.block_size, kv.enable_prefix_caching
+        limits, req_blocks, hashed = kv.req_fast_limit, kv.req_blocks, kv.req_num_hashed
+        base = [len(r.all_token_ids) for r in running]
+        state = []  # (fast limit, held blocks, registered blocks) per request
+        for r, b in zip(running, base):
+            rid = r.request_id
+            limit = limits.get(rid)
+            held = len(req_blocks.get(rid, ()))
+            if limit is None or (held + 1) * bs < b:  # the full path decides / two blocks in one step
+                return None
+            state.append((limit, held, hashed.get(rid, 0)))
+        # the step times: priced in the blocks _run_stepwise prices them in, summed one by one
+        prices: list[float] = []
+        ends: list[float] = []
+        context = sum(base)
+        first_start = now = clock.now
+        steps = 0
+        while steps < max_steps:
+            count = min(max_steps - steps, max(32, steps))
+            chunk = ex.cost_model.decode_step_times(n, context + steps * n, count)
+            if min(chunk) < 0:
+                return None  # _run_stepwise refuses it at its step, if the run gets there
+            prices += chunk
+            times = list(accumulate(chunk, initial=now))  # times[k]: step k's start, times[k + 1] its end
+            late = bisect_left(times, horizon, 0, count)  # the first step starting at or after horizon
+            ends += times[1 : late + 1]
+            steps += late
+            now = times[late]
+            if late < count:
+                break
+        if steps == 0:
+            return 0
+        # the allocation events: (step * n + position) keys; the steps of new blocks
+        keys: list[int] = []
+        crossings: list[int] = []
+        for i, (limit, held, full) in enumerate(state):
+            b = base[i]
+            j = max(limit - b + 1, 0)
+            while j < steps:
+                end = b + j  # the tokens with slots after step j's allocation
+                if end > held * bs:
+                    held += 1
+                    crossings.append(j)
+                if caching:
+                    full = max(full, min(end // bs, held))
+                    limit = min(held * bs, (full + 1) * bs - 1)
+                else:
+                    limit = held * bs
+                keys.append(j * n + i)
+                j = limit - b + 1
+        free = kv.num_free_blocks
+        if len(crossings) > free:  # stop before the step whose new blocks are not all there
+            crossings.sort()
+            steps = crossings[free]
+            self.num_out_of_blocks += 1
+            if steps == 0:
+                return 0
+        keys.sort()
+        # the run: allocations in step and batch order, then the cache's state after the step
+        allocate, compact = kv.allocate_slots, self._compact_stats
+        assert compact is not None  # _plannable
+        expected = [max(limit - b + 1, 0) for (limit, _, _), b in zip(state, base)]
+        run_tokens, run_times = [token] * steps, ends[:steps]
+        for r in running:
+            r.output_token_ids.extend(run_tokens)
+            r.all_token_ids.extend(run_tokens)
+            r.token_times.extend(run_times)
+        computed = sched.running_computed_tokens
+        kv_after = []
+        k, num_keys = 0, len(keys)
+        for j in range(steps):
+            bound = (j + 1) * n
+            while k < num_keys and keys[k] < bound:
+                i = keys[k] - j * n
+                r = running[i]
+                if expected[i] != j:
+                    raise RuntimeError(f"decode run: {r.request_id} allocates at {expected[i]}, not {j}")
+                r.num_computed_tokens = base[i] - 1 + j
+                if allocate(r, 1) is None:  # cannot happen: the free blocks cover the run
+                    raise RuntimeError(f"decode run: allocation failed for {r.request_id} after its check")
+                expected[i] = max(limits[r.request_id] - base[i] + 1, j + 1)
+                k += 1
+            computed += n
+            kv_after.append(compact(computed))
+        if min(expected) < steps:
+            raise RuntimeError("decode run: an allocation the plan did not make")
+        # what schedule() takes each step (_run_stepwise: at step 0 and at each allocation)
+        kv.drop_block_updates()
+        kv.take_copies()
+        for i, r in enumerate(running):
+            r.num_computed_tokens = base[i] - 1 + steps
+        sched.running_computed_tokens = computed
+        simulated = ex.simulated_seconds
+        for dt in prices[:steps]:
+            simulated += dt
+        ex.simulated_seconds = simulated
+        ex.num_steps += steps
+        clock.now = ends[steps - 1]
+        self.num_skipped += steps
+        starts = [first_start, *ends[: steps - 1]]
+        self.emit_run(starts, run_times, kv_after)
+        return steps
+
+    def _run_stepwise(self, horizon: float, max_steps: int) -> int:
+        """The run found step by step: per step, the allocations due (a heap of each request's next), the
+        price, the clock and the cache's state."""
+        sched, kv, ex = self.scheduler, self.kv, self.executor
+        clock, cost_model, token, kv_stats = ex.clock, ex.cost_model, ex.token_id, self.kv_stats
         compact = self._compact_stats
         running = list(sched.running)
         n = len(running)
@@ -129,6 +277,7 @@ class DecodeRuns:
                 while events and events[0][0] <= j:
                     due.append(heapq.heappop(events)[1])
                 if due and not self._allocate(running, base, due, j, ends, materialized, token):
+                    self.num_out_of_blocks += 1
                     for i in due:
                         heapq.heappush(events, (j, i))
                     break

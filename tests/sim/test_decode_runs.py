@@ -49,6 +49,20 @@ CASES = {
         "cache.host_tier_blocks=4000",
         "cache.host_tier_link={name:slow,bandwidth_gbs:0.1,latency_us:100}",
     ],
+    # short prompts, long outputs, all admitted at once: decode runs stop where the free blocks run out
+    "synthetic-out-of-blocks": [
+        "trace=synthetic",
+        "trace.num_requests=20",
+        "trace.prompt_len={dist:uniform,low:20,high:60}",
+        "trace.output_len={dist:uniform,low:200,high:400}",
+        "replay=offline",
+        "cache.num_blocks=200",
+    ],
+    # no prefix caching: a run's only allocations are new blocks
+    "synthetic-no-caching": PREFIX + ["replay=open_loop", "cache.num_blocks=600", "cache.prefix_caching=false"],
+    # another eviction order and block size, shared prefixes
+    "synthetic-lfu-b8-prefix": PREFIX
+    + ["replay=open_loop", "cache.num_blocks=1200", "cache.block_size=8", "cache.eviction=lfu"],
     # multi-turn sessions: later turns are sent at times the driver knows (its horizon) and hit the cache
     "sessions": ["trace=sessions", "replay=sessions", "trace.num_sessions=12", "trace.session_rate=2"],
 }
@@ -70,9 +84,17 @@ def run(tmp_path: Path, name: str, overrides: list[str]):
 @pytest.mark.parametrize("case", sorted(CASES) + [pytest.param(c, marks=pytest.mark.slow) for c in sorted(SLOW_CASES)])
 def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
     overrides = {**CASES, **SLOW_CASES}[case]
-    skipped = []
-    real_run = DecodeRuns.run
-    monkeypatch.setattr(DecodeRuns, "run", lambda self, horizon: skipped.append(real_run(self, horizon)) or skipped[-1])
+    skipped, planned, runners = [], [], []
+    real_run, real_planned = DecodeRuns.run, DecodeRuns._run_planned
+
+    def counted(self, horizon):
+        runners.append(self)
+        skipped.append(real_run(self, horizon))
+        return skipped[-1]
+
+    monkeypatch.setattr(DecodeRuns, "run", counted)
+    plan = lambda self, *args: planned.append(real_planned(self, *args)) or planned[-1]
+    monkeypatch.setattr(DecodeRuns, "_run_planned", plan)
     s_step, r_step, st_step = run(tmp_path, "step", overrides + ["executor.skip_steps=false"])
     assert not skipped  # the switch turns it off
     s_skip, r_skip, st_skip = run(tmp_path, "skip", overrides)
@@ -86,7 +108,14 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
     else:  # under memory pressure requests mostly wait, and nothing is skipped while they do
         share = 0.01 if "preemption" in case or "swap" in case else 0.2
         assert sum(skipped) > share * len(st_skip), f"{case}: only {sum(skipped)} of {len(st_skip)} steps skipped"
-    if "preemption" in case or "swap" in case:
+    # the runs were planned ahead (_run_planned), except with host-tier copies (priced per step)
+    if case == "host-tier":
+        assert not planned
+    elif not case.endswith("mlfq"):
+        assert sum(p or 0 for p in planned) == sum(skipped)
+    if case == "synthetic-out-of-blocks":
+        assert sum(r.num_out_of_blocks for r in set(runners)) > 0
+    if "preemption" in case or "swap" in case or "out-of-blocks" in case:
         assert s_step["num_preemptions"] > 0 if "num_preemptions" in s_step else r_step["num_preemptions"].sum() > 0
     if case.endswith("prefix") or case == "sessions":
         assert r_step["cached_tokens"].sum() > 0
