@@ -2,6 +2,7 @@
 One process, no Hydra. Every part is built here once, in order, with what it needs."""
 
 import logging
+from concurrent.futures import Future
 from operator import attrgetter
 
 from testbed.config import EngineConfig
@@ -95,7 +96,8 @@ class Engine:
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.async_steps = AsyncStepRunner(self.executor) if self._async_scheduling(config) else None
-        self.running_step = None  # async scheduling: (start, SchedulerOutput, Future) of the step on the worker
+        # async scheduling: (start, SchedulerOutput, Future) of the step on the worker
+        self.running_step: tuple[float, SchedulerOutput, Future[ExecutorOutput]] | None = None
         # requests whose next step must see their last token on the host (penalties, grammars, prompt
         # logprobs): while one runs, a step is finished before the next is scheduled
         self._needs_last_tokens: set[str] = set()
@@ -199,7 +201,7 @@ class Engine:
         (closed loop, sessions), so a step in which one finished ends there; False (it sends by the clock
         alone, as an open-loop replay): the horizon holds past it."""
         if self.async_steps is not None:
-            return self._step_async()
+            return self._step_async(self.async_steps)
         start = self.clock()
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -218,6 +220,8 @@ class Engine:
         if result.prompt_logprobs is not None:  # before update: a request finishing now has them all
             for request, entries in zip(sched.requests, result.prompt_logprobs):
                 if entries:
+                    if request.prompt_logprobs is None:
+                        raise RuntimeError(f"request {request.request_id!r}: prompt logprobs it did not ask for")
                     request.prompt_logprobs.extend(entries)
         scheduler = self.scheduler
         updates = scheduler.update(sched, result.sampled, result.logprobs, result.errors)
@@ -231,13 +235,13 @@ class Engine:
         self._record_step(start, sched)
         return outputs
 
-    def _step_async(self) -> list[RequestOutput]:
-        outputs = []
+    def _step_async(self, async_steps: AsyncStepRunner) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
         if self.running_step is not None and self._needs_last_tokens:
             outputs = self._finish_running_step()  # some request's next step needs this step's token on the host
         start = self.clock()
         sched = self.scheduler.schedule()
-        future = self._guarded(sched, self.async_steps.submit, sched) if not sched.is_empty else None
+        future = self._guarded(sched, async_steps.submit, sched) if not sched.is_empty else None
         if self.running_step is not None:
             outputs += self._finish_running_step()
         elif future is None and not outputs:
@@ -249,6 +253,8 @@ class Engine:
         return outputs
 
     def _finish_running_step(self) -> list[RequestOutput]:
+        if self.running_step is None:
+            raise RuntimeError("no step is running on the worker")
         start, sched, future = self.running_step
         self.running_step = None
         return self._finish_step(start, sched, self._guarded(sched, future.result))

@@ -6,7 +6,13 @@ completion and metrics objects are made when first read; token ids and logprobs 
 request's lists when first read. Reading an output gives the state at the step that returned it.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from testbed.request import Request
 
 
 class CompletionOutput:
@@ -21,6 +27,8 @@ class CompletionOutput:
         "_num_logprobs",
         "cumulative_logprob",
     )
+    _num_tokens: int | None  # None: _token_ids is the value itself, else its first _num_tokens
+    _num_logprobs: int | None
 
     def __init__(
         self,
@@ -72,7 +80,7 @@ class CompletionOutput:
 
     @property
     def logprobs(self) -> list[dict] | None:
-        if self._num_logprobs is not None:
+        if self._num_logprobs is not None and self._logprobs is not None:  # a count comes with its list
             self._logprobs, self._num_logprobs = self._logprobs[: self._num_logprobs], None
         return self._logprobs
 
@@ -94,7 +102,7 @@ class CompletionOutput:
     def __eq__(self, other) -> bool:
         return isinstance(other, CompletionOutput) and self._fields() == other._fields()
 
-    __hash__ = None  # mutable, like the dataclass it replaces
+    # __eq__ without __hash__ leaves it unhashable: mutable, like the dataclass it replaces
 
     def __repr__(self) -> str:
         return (
@@ -145,6 +153,15 @@ class RequestOutput:
         "_num_preemptions",
         "_cumulative",
     )
+    _outputs: list[CompletionOutput] | None
+    _metrics: RequestMetrics | None
+    _request: Request | None
+    _num_tokens: int
+    _num_logprobs: int | None
+    _finish: str | None
+    _text: str
+    _num_preemptions: int
+    _cumulative: float | None
 
     def __init__(
         self,
@@ -166,7 +183,7 @@ class RequestOutput:
         self._outputs, self._metrics, self._request = outputs, metrics, None
 
     @classmethod
-    def of_request(cls, request, new_token_ids: list[int], text: str = "") -> "RequestOutput":
+    def of_request(cls, request, new_token_ids: list[int], text: str = "") -> RequestOutput:
         """The output for an engine Request (testbed.request) as it is now, in O(1). Its token lists only
         grow and its timestamps are set once, so a count and the few fields that still change suffice."""
         out = cls.__new__(cls)
@@ -183,7 +200,7 @@ class RequestOutput:
         return out
 
     @classmethod
-    def of_step(cls, requests: list, new_tokens: list[list[int]], ended) -> list["RequestOutput"]:
+    def of_step(cls, requests: list, new_tokens: list[list[int]], ended) -> list[RequestOutput]:
         """The outputs of a step, in batch order: of_request for each request still running (no finish
         reason, no text yet: the output of almost every request in almost every step, so its fields are
         set here in one loop), and what `ended(request, its new tokens)` returns (a list) for each that
@@ -208,10 +225,13 @@ class RequestOutput:
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        request = self._request
-        if self._outputs is None and request is not None:
+        outputs = self._outputs
+        if outputs is None:  # made from the request, when first read
+            request = self._request
+            if request is None:
+                raise RuntimeError(f"output of {self.request_id!r} has neither completions nor a request")
             num_logprobs, finish = self._num_logprobs, self._finish
-            self._outputs = [
+            outputs = self._outputs = [
                 CompletionOutput.prefix_of(
                     request.index,
                     self._text,
@@ -224,7 +244,7 @@ class RequestOutput:
                     self._cumulative,
                 )
             ]
-        return self._outputs
+        return outputs
 
     @outputs.setter
     def outputs(self, value: list[CompletionOutput]) -> None:

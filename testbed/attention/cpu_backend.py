@@ -94,7 +94,11 @@ class CpuBackend(KernelBackend):
             with torch.no_grad():
                 copy = cpu_kernels.pack_linear(weight)
             key = id(weight)
-            entry = (weakref.ref(weight, lambda _, key=key: self._packed.pop(key, None)), copy)
+
+            def forget(_ref: weakref.ref) -> None:  # the weight is gone: so is its packed copy
+                self._packed.pop(key, None)
+
+            entry = (weakref.ref(weight, forget), copy)
             self._packed[key] = entry
         return entry[1]
 

@@ -34,6 +34,7 @@ from testbed.cluster.routers import Router
 from testbed.cluster.simulated import TRANSFER_DONE, Delivered, SimulatedCluster
 from testbed.cluster.transfer import KVTransfer
 from testbed.outputs import RequestOutput
+from testbed.request import Request
 from testbed.sampling_params import SamplingParams
 
 
@@ -63,12 +64,15 @@ class DisaggregatedCluster(SimulatedCluster):
         self.link = link
         first = engines[0]
         self.kv_bytes_per_token = first.arch.kv_bytes_per_token(first.dtype.itemsize)
-        self.requests = {}  # request id -> (prompt, params, arrival time, priority, prefill-side Request)
+        # request id -> (prompt, params, arrival time, priority, prefill-side Request)
+        self.requests: dict[str, tuple[list[int], SamplingParams, float, int, Request]] = {}
         self.transfers: dict[str, KVTransfer] = {}  # from prefill end until the request finishes on decode
-        self.queue = {r.index: deque() for r in self.decode}  # transfers waiting for room or the link
+        # transfers waiting for room or the link
+        self.queue: dict[int, deque[KVTransfer]] = {r.index: deque() for r in self.decode}
         self.link_free_at = {r.index: 0.0 for r in self.decode}
         self.reserved_tail = {r.index: 0 for r in self.decode}  # room promised to transfers not yet admitted
-        self.awaiting_admission = {r.index: [] for r in self.decode}
+        # transfers done whose request the decode replica has not admitted yet, with that request
+        self.awaiting_admission: dict[int, list[tuple[KVTransfer, Request]]] = {r.index: [] for r in self.decode}
         self.held = {r.index: 0 for r in self.prefill}  # blocks held for transfers, per prefill replica
 
     # ---- arrivals: the prefill replicas ---------------------------------------------------------------
@@ -95,7 +99,7 @@ class DisaggregatedCluster(SimulatedCluster):
 
     # ---- deliveries: a prefill's end starts a handoff; a decode's end is the request's end ------------
     def _deliver(self, replica: SimReplica, outputs: list[RequestOutput]) -> list[Delivered]:
-        delivered = []
+        delivered: list[Delivered] = []
         for out in outputs:
             replica.outstanding -= 1
             if replica.role == "prefill" and out.outputs[0].finish_reason != "abort":
@@ -118,6 +122,7 @@ class DisaggregatedCluster(SimulatedCluster):
         pool.touch(blocks)
         self.held[replica.index] += len(blocks)
         moved = len(blocks)
+        decode = self.replicas[self.route(out.request_id, prompt, self.decode, self.decode_router)]
         transfer = KVTransfer(
             out.request_id,
             prompt,
@@ -128,11 +133,10 @@ class DisaggregatedCluster(SimulatedCluster):
             out,
             self.now,
             hashes[:moved],
+            decode,
             blocks,
             tail_blocks=-(-(len(prompt) + 1) // self.block_size) - moved,
         )
-        decode = self.replicas[self.route(out.request_id, prompt, self.decode, self.decode_router)]
-        transfer.decode = decode
         decode.outstanding += 1  # the decode router counts queued transfers as that replica's load
         decode.num_routed += 1
         self.transfers[out.request_id] = transfer
@@ -182,10 +186,10 @@ class DisaggregatedCluster(SimulatedCluster):
                 pool.free_blocks([block])
                 transfer.decode_blocks[i] = (block_hash, existing, sent)
         decode.sync(self.now)
-        transfer.decode_request = decode.engine.add_request(
+        request = transfer.decode_request = decode.engine.add_request(
             transfer.request_id, transfer.prompt_token_ids, transfer.params, transfer.arrival_time, transfer.priority
         )
-        self.awaiting_admission[decode.index].append(transfer)
+        self.awaiting_admission[decode.index].append((transfer, request))
         self._wake(decode)
         self._start_transfers(decode)
         return []
@@ -193,10 +197,10 @@ class DisaggregatedCluster(SimulatedCluster):
     def _step_end(self, replica: SimReplica) -> list[Delivered]:
         if replica.role == "decode":  # requests admitted by the step that ended: their blocks are theirs now
             waiting = self.awaiting_admission[replica.index]
-            admitted = [t for t in waiting if t.decode_request.first_scheduled_time is not None]
+            admitted = [t for t in waiting if t[1].first_scheduled_time is not None]
             if admitted:
                 pool = replica.engine.kv.pool
-                for transfer in admitted:
+                for transfer, _ in admitted:
                     pool.free_blocks([b for _, b, _ in transfer.decode_blocks])
                     self.reserved_tail[replica.index] -= transfer.tail_blocks
                 self.awaiting_admission[replica.index] = [t for t in waiting if t not in admitted]

@@ -34,7 +34,7 @@ class RoutedPrefixes:
         while len(self.hashes) > self.capacity:
             self.hashes.popitem(last=False)
 
-    def __contains__(self, block_hash: int) -> bool:
+    def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.hashes
 
 

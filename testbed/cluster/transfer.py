@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.cluster.replica import SimReplica
 from testbed.outputs import RequestOutput
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
@@ -16,13 +17,13 @@ class KVTransfer:
     params: SamplingParams  # the request's own (the prefill replica ran it with max_tokens=1)
     arrival_time: float
     priority: int
-    prefill: object  # SimReplica
+    prefill: SimReplica
     prefill_output: RequestOutput  # its prefill (first scheduling, cached tokens, preemptions there)
     prefill_finish_time: float
     block_hashes: list[int]  # the leading full blocks the decode replica will use: (prompt - 1) // block_size
+    decode: SimReplica  # the decode router's choice
     prefill_blocks: list = field(default_factory=list)  # held on the prefill replica until the transfer ends
     tail_blocks: int = 0  # blocks the decode replica needs beyond the moved ones: rest of prompt + 1 token
-    decode: object | None = None  # SimReplica
     # held on the decode replica from the transfer's start until the request is admitted there:
     # (hash, block, sent) with sent False for a block the decode replica already had cached
     decode_blocks: list = field(default_factory=list)
@@ -47,5 +48,7 @@ class KVTransfer:
             "transfer_start_time": self.start_time,
             "transfer_end_time": self.end_time,
             "kv_transfer_bytes": self.num_bytes,
-            "kv_transfer_s": None if self.start_time is None else self.end_time - self.start_time,
+            "kv_transfer_s": None
+            if self.start_time is None or self.end_time is None
+            else self.end_time - self.start_time,
         }

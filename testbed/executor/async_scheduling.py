@@ -23,7 +23,7 @@ class AsyncStepRunner:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="testbed-step")
         self.last_tokens: dict[str, int] = {}  # the worker's: request id -> its last sampled token
 
-    def submit(self, out: SchedulerOutput) -> Future:
+    def submit(self, out: SchedulerOutput) -> Future[ExecutorOutput]:
         prepared = self.executor.prepare(out)
         return self.worker.submit(self._run, out, prepared)
 

@@ -15,14 +15,17 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from testbed.executor.base import Executor
+
 if TYPE_CHECKING:
     from testbed.models.build import ModelSpec
+    from testbed.spec.speculator import Speculator
 
 
 class ExecutorParts(NamedTuple):
-    executor: object  # an Executor (testbed.executor.base)
+    executor: Executor
     model: torch.nn.Module | None  # the target model (None: no model runs)
-    speculator: object | None  # testbed.spec.Speculator: drafts after each step (the engine's side of it)
+    speculator: Speculator | None  # drafts after each step (the engine's side of it)
 
 
 class ExecutorKind:

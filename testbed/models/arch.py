@@ -32,6 +32,8 @@ class ModelArch:
             raise ValueError(f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        if rope_theta is None:
+            raise ValueError("rope_theta: null in the model's config (a number, or absent for 10000)")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3"):
             raise ValueError(f"rope type {rope_type!r} is not supported (default, llama3)")

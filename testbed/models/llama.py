@@ -56,7 +56,7 @@ class Attention(nn.Module):
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (arch.qk_norm)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.ops.rotary(positions, q, k, cos_sin)
         out = self.ops.attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)

@@ -284,14 +284,15 @@ class AsyncEngine:
             self._first_token_seen.add(rid)
         params = self._params.pop(rid, None) if out.finished else None
         self.metrics.on_output(out, first, params=params)
+        item: RequestOutput | EngineError = out  # what the stream gets
         if out.finished:
             self._first_token_seen.discard(rid)
             self._live.pop(rid, None)
             self.num_finished += 1
             if out.outputs[0].finish_reason == "error":  # this request failed, the others go on
-                out = EngineError(f"request {rid} failed: {out.error}")
+                item = EngineError(f"request {rid} failed: {out.error}")
         if stream is not None:
-            batch.append((stream, out))
+            batch.append((stream, item))
 
     def _publish_state(self) -> None:
         with self._lock:

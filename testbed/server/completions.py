@@ -57,10 +57,13 @@ def completion_body(model: ServedModel, batch: list[Admitted], outs: list[Reques
     return P.response(a0.rid, a0.created, model.name, "text_completion", choices, total_usage(batch, outs))
 
 
-async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dict):
+async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dict[int, RequestOutput]):
     """One chunk per engine output that adds to a choice of this prompt (index first + the choice's);
     the prompt's finished output lands in finals[first]."""
-    req, text_pos, echoed, started = a.req, {}, set(), set()
+    req = a.req
+    text_pos: dict[int, int] = {}  # choice index -> its text so far (logprobs' text_offset)
+    echoed: set[int] = set()
+    started: set[int] = set()
     async for d in text_deltas(model.tokenizer, a.params, a.stream):
         out, c = d.out, d.choice
         if out.finished:
@@ -91,7 +94,8 @@ async def prompt_chunks(model: ServedModel, a: Admitted, first: int, finals: dic
 
 async def completion_chunks(model: ServedModel, batch: list[Admitted]):
     """Every prompt's chunks as they come, then (include_usage) one usage chunk for the whole call."""
-    n, a0, finals = batch[0].params.n, batch[0], {}
+    n, a0 = batch[0].params.n, batch[0]
+    finals: dict[int, RequestOutput] = {}
     async for chunk in merged([prompt_chunks(model, a, k * n, finals) for k, a in enumerate(batch)]):
         yield chunk
     if a0.req.include_usage:

@@ -9,6 +9,8 @@ token, which has no logprob. Chat: one object per token with its k most likely t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from testbed.detokenize import token_strings
 
 FLOOR = -9999.0
@@ -18,7 +20,7 @@ def _lp(value: float) -> float:
     return max(value, FLOOR)
 
 
-def completion_logprobs(tokenizer, token_ids: list[int], entries: list[dict | None], offset: int) -> dict:
+def completion_logprobs(tokenizer, token_ids: list[int], entries: Sequence[dict | None], offset: int) -> dict:
     strings = token_strings(tokenizer, token_ids)
     text_offset: list[int] = []
     pos = offset

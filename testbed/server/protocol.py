@@ -19,6 +19,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from typing_extensions import TypeIs  # pydantic's dependency; typing's from Python 3.13
 
 from testbed.sampling_params import SamplingParamError, SamplingParams
 from testbed.server.output_constraints import (
@@ -206,6 +207,11 @@ class _SamplingFields(BaseModel):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
+def _several_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> TypeIs[list[str] | list[list[int]]]:
+    """A batch of prompts ([str] | [[int]]) rather than one (str | [int])."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+
+
 class CompletionRequest(_SamplingFields):
     # one prompt (str | [int]) or a batch ([str] | [[int]]): one engine request per prompt, choices
     # indexed prompt * n + j as OpenAI and vLLM do
@@ -233,8 +239,8 @@ class CompletionRequest(_SamplingFields):
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the call, in order (one for a string or a list of token ids)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            return list(p)
+        if _several_prompts(p):
+            return [*p]
         return [p]
 
     def default_max_tokens(self) -> int | None:
@@ -397,7 +403,7 @@ def _choice_name(choice) -> str:
 # ---- responses ------------------------------------------------------------------------------------
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
     """OpenAI's usage; prompt_tokens_details.cached_tokens = prompt tokens served from the prefix cache."""
-    body = {
+    body: dict[str, int | dict[str, int]] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,

@@ -1,6 +1,9 @@
 """Assemble a simulation: its clock, device and dtype, its KV capacity, and the simulated executor."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +15,9 @@ from testbed.sim.cost_models import REPLAY_STEPS, CostContext, build_cost_model,
 from testbed.sim.devices import DeviceSpec
 from testbed.sim.executor import SimExecutor
 
+if TYPE_CHECKING:
+    from testbed.sim.recorded_run import RecordedRun
+
 
 @dataclass
 class SimPlan:
@@ -19,7 +25,7 @@ class SimPlan:
     clock: VirtualClock | ReplayClock  # a VirtualClock, or the recorded run's ReplayClock
     dtype: torch.dtype
     kernel: str  # the kernel a profile was measured with (auto resolves to it); else as configured
-    recorded: object | None = None  # testbed.sim.recorded_run.RecordedRun (replay_steps)
+    recorded: RecordedRun | None = None  # replay_steps
     tensor_parallel_size: int = 1  # each replica's ranks: sized and priced per rank (testbed.parallel.sim_cost)
 
     def num_blocks(self, arch, block_size: int, gpu_memory_utilization: float, kv_cache_memory_gb: float) -> int:
@@ -33,6 +39,8 @@ class SimPlan:
             from testbed.sim.capacity import weight_bytes
             from testbed.sim.devices import load_device
 
+            if self.config.device is None:  # SimConfig refuses a device-capacity cost model without one
+                raise ValueError(f"the {self.config.cost_model} cost model needs a device (device=h100-sxm, ...)")
             device = load_device(self.config.device)
             weights = weight_bytes(arch, self.dtype.itemsize)  # every weight held, the embedding table too
             budget = device.memory_gb * 2**30 * gpu_memory_utilization - weights
@@ -69,6 +77,8 @@ def plan_simulation(engine_config, clock=None) -> SimPlan:
     if sim.cost_model == REPLAY_STEPS:
         from testbed.sim.recorded_run import RecordedRun
 
+        if sim.run is None:  # SimConfig refuses replay_steps without one
+            raise ValueError("the replay_steps cost model needs a recorded run folder (executor.run=DIR)")
         recorded = RecordedRun(sim.run)
         dtype = dtype or recorded.dtype
     else:

@@ -56,8 +56,9 @@ class ModelProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests, num_tokens):
-        results = [([], None) for _ in requests]
-        group, used = [], 0
+        results: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in requests]
+        group: list[int] = []
+        used = 0
         for i, (r, k) in enumerate(zip(requests, num_tokens)):
             need = self._scratch_needed(r, k)
             if group and used + need > self.num_scratch:
@@ -89,8 +90,8 @@ class ModelProposer(Proposer):
             block_tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
         block_tables = block_tables.to(dev)
         gens = [self.sampler._generator(r.request_id, r.sampling_params) for r in reqs]
-        drafts = [[] for _ in reqs]
-        probs = [[] for _ in reqs]
+        drafts: list[list[int]] = [[] for _ in reqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in reqs]
         last = [r.all_token_ids[-1] for r in reqs]
         active = list(range(len(reqs)))
         step = 0

@@ -99,7 +99,7 @@ class Speculator:
         Returns (sampled, logprobs) aligned with requests, like the plain sampling path."""
         sampled: list[list[int] | None] = [None] * len(requests)
         want_logprobs = any(r.sampling_params.logprobs is not None for r, n in zip(requests, num_logits) if n)
-        logprobs = [None] * len(requests) if want_logprobs else None
+        logprobs: list[list[dict] | None] | None = [None] * len(requests) if want_logprobs else None
         offsets, off = [], 0
         for n in num_logits:
             offsets.append(off)
@@ -111,7 +111,7 @@ class Speculator:
             toks, lps = sampler.sample(logits[rows], [requests[i] for i in plain])
             for j, i in enumerate(plain):
                 sampled[i] = [toks[j]]
-                if want_logprobs:
+                if logprobs is not None:  # want_logprobs
                     logprobs[i] = [lps[j]] if lps is not None and lps[j] is not None else None
         # greedy requests: the longest prefix of drafts matching the target's argmax
         emitted: dict[int, list[int]] = {}
@@ -145,7 +145,7 @@ class Speculator:
         for i, tokens in emitted.items():
             sampled[i] = tokens
             k = requests[i].sampling_params.logprobs
-            if want_logprobs and k is not None:
+            if logprobs is not None and k is not None:  # want_logprobs
                 lp = logits[offsets[i] : offsets[i] + len(tokens)].log_softmax(dim=-1)
                 logprobs[i] = logprob_entries(lp, torch.tensor(tokens, device=lp.device), [k] * len(tokens))
         # counted once everything above succeeded: a batch that raises is verified again request by request

@@ -27,6 +27,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
+from types import ModuleType
 
 import torch
 
@@ -69,7 +70,7 @@ class GrammarBackend:
         self.max_output_chars: int | None = None  # max_model_len x the longest token's characters
         self._lock = threading.Lock()
         self._compiler = None
-        self._xgr = None
+        self._xgr: ModuleType | None = None  # xgrammar, imported with the compiler
         self._pool: ThreadPoolExecutor | None = None
         self._ready: Future | None = None
 
@@ -192,9 +193,15 @@ class GrammarBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def _xgrammar(self) -> ModuleType:
+        if self._xgr is None:
+            raise RuntimeError("xgrammar is imported when the first grammar compiles")
+        return self._xgr
+
     def new_matcher(self, params: StructuredOutputsParams):
         compiled = self.compile(params)
-        return self._xgr.GrammarMatcher(compiled)
+        return self._xgrammar.GrammarMatcher(compiled)
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         xgr, _ = self._ensure_compiler()
@@ -202,7 +209,7 @@ class GrammarBackend:
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """Set to -inf, in place, every logit a row's grammar forbids."""
-        self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        self._xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
 
 
 def _refuse_endless(xgr, params: StructuredOutputsParams) -> None:

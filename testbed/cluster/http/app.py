@@ -92,7 +92,13 @@ class Proxy:
         # a whole answer may take request_timeout_s; a stream may pause at most stall_timeout_s between chunks
         self.timeout = httpx.Timeout(request_timeout_s, connect=pool.probe_timeout_s)
         self.stream_timeout = httpx.Timeout(stall_timeout_s or request_timeout_s, connect=pool.probe_timeout_s)
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # opened with the app (its lifespan)
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self.client is None:
+            raise RuntimeError("the router's HTTP client opens with the app: serve it (its lifespan runs first)")
+        return self.client
 
     def choose(self, request: RouteRequest, tried: set[int]) -> Backend:
         views = [
@@ -133,8 +139,8 @@ class Proxy:
             url = f"{backend.url}{path}"
             try:
                 timeout = self.stream_timeout if stream else self.timeout
-                sent = self.client.send(
-                    self.client.build_request("POST", url, content=body, headers=headers, timeout=timeout),
+                sent = self.http.send(
+                    self.http.build_request("POST", url, content=body, headers=headers, timeout=timeout),
                     stream=True,
                 )
                 # a whole answer's head comes when it is done: stop waiting (and close the backend's
@@ -270,7 +276,7 @@ class Proxy:
             tried.add(backend.index)
             label = self.metrics.label(backend)
             try:
-                upstream = await self.client.post(f"{backend.url}{path}", content=body, headers=headers)
+                upstream = await self.http.post(f"{backend.url}{path}", content=body, headers=headers)
             except (httpx.TimeoutException, *NOT_ANSWERED) as e:
                 self.pool.failure(backend, f"{type(e).__name__}: {e}")
                 self.metrics.retries.labels(label).inc()
@@ -298,7 +304,7 @@ class Proxy:
         for backend in self.pool.backends:
             if backend.healthy:
                 try:
-                    upstream = await self.client.get(
+                    upstream = await self.http.get(
                         f"{backend.url}/v1/models", headers=headers, timeout=self.pool.probe_timeout_s
                     )
                 except httpx.HTTPError as e:

@@ -6,7 +6,7 @@ A router only chooses; the cluster (simulated, multi-process or HTTP) keeps the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,15 +21,31 @@ class RouteRequest:
 
 
 class ReplicaView(Protocol):
-    """What a router may read about one replica (nothing it can change)."""
+    """What a router may read about one replica (nothing it can change: read-only properties)."""
 
-    index: int  # position in the cluster's replica list: what route() returns
-    outstanding: int  # routed here and not yet finished (the router side's own count)
-    running: int
-    waiting: int
-    free_blocks: int  # KV blocks free (including evictable prefix-cache blocks)
-    total_blocks: int
-    healthy: bool
+    # position in the cluster's replica list: what route() returns
+    @property
+    def index(self) -> int: ...
+
+    # routed here and not yet finished (the router side's own count)
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+    # KV blocks free (including evictable prefix-cache blocks)
+    @property
+    def free_blocks(self) -> int: ...
+
+    @property
+    def total_blocks(self) -> int: ...
+
+    @property
+    def healthy(self) -> bool: ...
 
     def is_cached(self, block_hash: int) -> bool:
         """Whether this replica's prefix cache holds the block with this chained hash."""
@@ -47,7 +63,7 @@ class ReplicaSnapshot:
     free_blocks: int = 0
     total_blocks: int = 0
     healthy: bool = True
-    cached: set[int] = field(default_factory=set)
+    cached: Container[int] = field(default_factory=set)  # a set, or a RoutedPrefixes
 
     def is_cached(self, block_hash: int) -> bool:
         return block_hash in self.cached

@@ -61,6 +61,8 @@ def fit(shapes: list[StepShape], seconds: list[float]) -> dict:
         err = float(np.sum(((pred - t) / np.maximum(pred, 1e-12)) ** 2))
         if best is None or err < best[0]:
             best = (err, knee, coef)
+    if best is None:  # the knee candidates always include 1.0
+        raise ValueError("no knee candidate to fit")
     _, knee, coef = best
     pred = feature_rows(shapes, knee) @ coef
     rel = np.abs(pred - t) / t
