@@ -6,15 +6,62 @@ everything else is numpy over the whole batch. Block tables come from the execut
 fixed device tensors without waiting for the device (testbed.executor.host_buffers).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, overload
 
 import numpy as np
 import torch
 
 from testbed.attention.backend import AttentionMetadata
-from testbed.core.sched_output import SchedulerOutput
 from testbed.executor.block_tables import BlockTables
 from testbed.executor.host_buffers import InputBuffers
+
+
+class KnownTokens(Protocol):
+    """A request's known tokens as staging indexes them: a list, or a worker's window of it."""
+
+    def __len__(self) -> int: ...
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+
+class StagedRequest(Protocol):
+    """What staging reads of a scheduled request (testbed.request.Request, or a worker's RequestView)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def all_token_ids(self) -> KnownTokens: ...
+
+    @property
+    def spec_token_ids(self) -> list[int]: ...
+
+
+class StepToStage(Protocol):
+    """What staging reads of a step (a SchedulerOutput, or a worker's WorkerStep)."""
+
+    @property
+    def requests(self) -> Sequence[StagedRequest]: ...
+
+    @property
+    def num_new_tokens(self) -> list[int]: ...
+
+    @property
+    def num_computed_tokens(self) -> list[int]: ...
+
+    @property
+    def num_known_tokens(self) -> list[int]: ...
+
+    @property
+    def request_ids(self) -> list[str]: ...
 
 
 @dataclass
@@ -67,7 +114,7 @@ class StagedInputs:
         return ModelInputs(t["input_ids"], t["positions"], meta, t["logits_indices"], self.num_logits)
 
 
-def _token_ids(out: SchedulerOutput) -> tuple[list[int], list[tuple[int, str]], bool]:
+def _token_ids(out: StepToStage) -> tuple[list[int], list[tuple[int, str]], bool]:
     """The step's input tokens in row order, the placeholder rows, and whether drafts ride along.
 
     Position p of a request holds its known token p, else (p < its known count) the output a step in
@@ -95,7 +142,7 @@ def _token_ids(out: SchedulerOutput) -> tuple[list[int], list[tuple[int, str]], 
 
 
 def stage_inputs(
-    out: SchedulerOutput, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
+    out: StepToStage, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
 ) -> StagedInputs:
     """Write the scheduled requests' inputs to the next host buffer set (their rows in `tables` already
     updated from `out`). Reads only what the SchedulerOutput recorded and the requests' known tokens, so it
@@ -190,7 +237,7 @@ def _stage_tables(
 
 
 def prepare_inputs(
-    out: SchedulerOutput, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
+    out: StepToStage, tables: BlockTables, buffers: InputBuffers, pad_to: int | None = None
 ) -> ModelInputs:
     """stage_inputs + to_device, for a step with no placeholder to fill."""
     return stage_inputs(out, tables, buffers, pad_to).to_device()

@@ -13,6 +13,14 @@ from testbed.models.arch import ModelArch
 from testbed.models.rope import cos_sin_cache
 
 
+def weight_of(module: nn.Module) -> nn.Parameter:
+    """A layer's weight (Linear, Embedding, or a tensor-parallel rank's own layer in their place)."""
+    weight = module.weight
+    if not isinstance(weight, nn.Parameter):
+        raise TypeError(f"{type(module).__name__}.weight is not a parameter")
+    return weight
+
+
 class Linear(nn.Linear):
     """nn.Linear (same parameters and names) whose matmul goes through the kernel backend."""
 
@@ -44,7 +52,9 @@ class Attention(nn.Module):
         )
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, arch.attention_bias, ops)
-        self.o_proj = Linear(self.q_size, arch.hidden_size, False, ops)
+        # nn.Module: a tensor-parallel rank swaps in its own (testbed.parallel.sharding), as for down_proj,
+        # embed_tokens and lm_head
+        self.o_proj: nn.Module = Linear(self.q_size, arch.hidden_size, False, ops)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -67,7 +77,7 @@ class MLP(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend):
         super().__init__()
         self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, False, ops)
-        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, False, ops)
+        self.down_proj: nn.Module = Linear(arch.intermediate_size, arch.hidden_size, False, ops)
         self.ops = ops
 
     def forward(self, x):
@@ -96,7 +106,7 @@ class LlamaModel(nn.Module):
     def __init__(self, arch: ModelArch, ops: KernelBackend):
         super().__init__()
         # _weight: no random init (the loader fills it; normal_ on the meta device would import torch._dynamo)
-        self.embed_tokens = nn.Embedding(
+        self.embed_tokens: nn.Module = nn.Embedding(
             arch.vocab_size, arch.hidden_size, _weight=torch.empty(arch.vocab_size, arch.hidden_size)
         )
         self.layers = nn.ModuleList(DecoderLayer(arch, ops) for _ in range(arch.num_hidden_layers))
@@ -109,15 +119,15 @@ class LlamaForCausalLM(nn.Module):
         self.arch = arch
         self.ops = ops
         self.model = LlamaModel(arch, ops)
-        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, ops)
+        self.lm_head: nn.Module = Linear(arch.hidden_size, arch.vocab_size, False, ops)
         if arch.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = weight_of(self.model.embed_tokens)
         self.max_positions = max_positions
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
 
     def build_rope_cache(self):
         """Called once after the weights land on their device and dtype."""
-        weight = self.model.embed_tokens.weight
+        weight = weight_of(self.model.embed_tokens)
         self.cos_sin = cos_sin_cache(
             self.arch.head_dim,
             self.max_positions,

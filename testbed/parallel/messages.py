@@ -8,6 +8,7 @@ step sends one token), not the Request with its sampling state.
 
 from dataclasses import dataclass
 
+from testbed.core.allocators.base import KVCopy
 from testbed.core.sched_output import SchedulerOutput
 
 
@@ -41,7 +42,26 @@ class RequestView:
     spec_token_ids: list[int]
 
 
-def worker_step(out: SchedulerOutput) -> SchedulerOutput:
+@dataclass(slots=True)
+class WorkerStep:
+    """The SchedulerOutput fields a worker reads, its requests as RequestViews (a StepToStage)."""
+
+    requests: list[RequestView]
+    num_new_tokens: list[int]
+    num_computed_tokens: list[int]
+    num_known_tokens: list[int]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    finished_ids: list[str]
+    block_updates: dict[str, tuple[int, list[int]]]
+    kv_copies: list[KVCopy]
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.request_id for r in self.requests]
+
+
+def worker_step(out: SchedulerOutput) -> WorkerStep:
     """`out` with each request replaced by the view of it that input staging reads."""
     views = []
     for r, start, k in zip(out.requests, out.num_computed_tokens, out.num_new_tokens):
@@ -51,7 +71,7 @@ def worker_step(out: SchedulerOutput) -> SchedulerOutput:
                 r.request_id, TokenWindow(start, list(tokens[start : start + k]), len(tokens)), list(r.spec_token_ids)
             )
         )
-    return SchedulerOutput(
+    return WorkerStep(
         requests=views,
         num_new_tokens=list(out.num_new_tokens),
         num_computed_tokens=list(out.num_computed_tokens),

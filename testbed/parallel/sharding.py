@@ -20,7 +20,7 @@ from torch import nn
 
 from testbed.models.arch import ModelArch
 from testbed.models.build import ModelSpec, load_weights
-from testbed.models.llama import LlamaForCausalLM
+from testbed.models.llama import DecoderLayer, LlamaForCausalLM, weight_of
 from testbed.models.weights import Piece, Slices
 from testbed.parallel.comm import TPGroup
 from testbed.parallel.config import shard_arch
@@ -115,11 +115,14 @@ def build_rank_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(shard_arch(arch, n), ops, spec.max_model_len)
         for layer in model.model.layers:
-            layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj.weight, ops, group)
-            layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj.weight, ops, group)
-        model.model.embed_tokens = VocabParallelEmbedding(torch.empty(per, hidden), r * per, arch.vocab_size, group)
-        model.lm_head = VocabParallelHead(torch.empty(per, hidden), arch.vocab_size, ops, group)
+            if not isinstance(layer, DecoderLayer):  # LlamaModel's layers are
+                raise TypeError(f"expected a DecoderLayer, got {type(layer).__name__}")
+            layer.self_attn.o_proj = RowParallelLinear(weight_of(layer.self_attn.o_proj), ops, group)
+            layer.mlp.down_proj = RowParallelLinear(weight_of(layer.mlp.down_proj), ops, group)
+        embed = VocabParallelEmbedding(torch.empty(per, hidden), r * per, arch.vocab_size, group)
+        head = VocabParallelHead(torch.empty(per, hidden), arch.vocab_size, ops, group)
         if arch.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
+            head.weight = embed.weight
+        model.model.embed_tokens, model.lm_head = embed, head
     model.arch = arch  # the whole model's shape (its modules hold this rank's share)
     return load_weights(model, spec, ops, dtype, device, seed, rank_slices(arch, r, n))

@@ -22,7 +22,8 @@ from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache
 from testbed.models.build import load_model_spec
 from testbed.parallel.comm import TPGroup, env_rank, init_default, make_group
 from testbed.parallel.config import shard_arch
-from testbed.parallel.sharding import build_rank_model
+from testbed.parallel.messages import WorkerStep
+from testbed.parallel.sharding import VocabParallelHead, build_rank_model
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class WorkerShard:
         self.group = group
 
     @torch.inference_mode()
-    def step(self, out, last_tokens: dict[str, int]) -> None:
+    def step(self, out: WorkerStep, last_tokens: dict[str, int]) -> None:
         """Rank 0's forward, on this shard (ModelRunner.prepare + the device half of ModelRunner.run)."""
         self.tables.apply(out.finished_ids, out.block_updates)
         staged = stage_inputs(out, self.tables, self.buffers)
@@ -84,7 +85,10 @@ class WorkerShard:
     @torch.inference_mode()
     def logits(self, shape: tuple, dtype: str) -> None:
         hidden = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-        self.model.lm_head.local(self.group.broadcast(hidden))
+        head = self.model.lm_head
+        if not isinstance(head, VocabParallelHead):  # build_rank_model puts one there
+            raise TypeError(f"a tensor-parallel rank's model needs a VocabParallelHead, got {type(head).__name__}")
+        head.local(self.group.broadcast(hidden))
 
     def serve(self) -> None:
         while True:
