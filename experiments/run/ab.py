@@ -24,9 +24,10 @@ Pair i of both sides runs with replay.repeat=i and the seeds experiments.run.rep
 same requests on both sides: the paired design of experiments.statistics.compare). <out>/A and <out>/B are repeated
 runs' folders (repeat<i>/, warmup<k>/, sweep.csv, sweep_ci.csv) that `python -m experiments.statistics.compare
 <out>/A <out>/B` reads; <out>/ab.json records the command and each run's slot, start and exit status,
-rewritten after every run; <out>/compare.txt and compare.json hold the comparison. Ctrl-C or SIGTERM stops
-after the run in flight has written what it measured (run.py keeps a partial run, marked interrupted);
-finished runs stay and are compared.
+rewritten after every run; <out>/compare.txt and compare.json hold the comparison. `--primary METRIC` (recorded
+in ab.json before the first run) makes one metric the comparison's primary, tested alone at the full 5%
+(experiments.statistics.compare). Ctrl-C or SIGTERM stops after the run in flight has written what it measured
+(run.py keeps a partial run, marked interrupted); finished runs stay and are compared.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from hydra.errors import HydraException
 from experiments.results.atomic import atomic_write_text
 from experiments.results.files import SWEEP_TABLE
 from experiments.statistics.aggregate import write_aggregate
+from experiments.statistics.compare import CompareError, check_metrics, compare
 from experiments.statistics.seeds import WORKLOAD_SEEDS
 
 SIDES = ("A", "B")
@@ -146,13 +148,16 @@ def run_command(overrides: list[str]) -> list[str]:
 
 
 class Runner:
-    def __init__(self, out: Path, common: list[str], sides: dict[str, list[str]], pairs: int, warmup: int):
+    def __init__(
+        self, out: Path, common: list[str], sides: dict[str, list[str]], pairs: int, warmup: int, primary: str | None
+    ):
         self.out, self.common, self.sides = out, common, sides
         self.slots = schedule(pairs, warmup)
         self.runs: list[dict] = []  # one entry per run, in the order run
         self.record = {
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
             "design": DESIGN,
+            "primary": primary,  # declared before the first run, as a primary endpoint must be
             "pairs": pairs,
             "warmup": warmup,
             "common": common,
@@ -250,10 +255,17 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="discarded runs per side first (default 1)")
     ap.add_argument("--out", required=True, type=Path, help="folder for A/, B/, ab.json, compare.txt (new or empty)")
     ap.add_argument("--metric", action="append", help="compare only these metrics (as experiments.statistics.compare)")
+    ap.add_argument(
+        "--primary",
+        help="the pre-declared primary metric, tested alone at the full 5%% (as experiments.statistics.compare); "
+        "recorded in ab.json before the first run",
+    )
     ap.add_argument("overrides", nargs="*", help="overrides common to both sides (run.py's)")
     args = ap.parse_args(argv)
     sides = {"A": shlex.split(args.a), "B": shlex.split(args.b)}
     try:
+        check_metrics(args.metric or [], "--metric")
+        check_metrics([args.primary] if args.primary else [], "--primary")
         if args.pairs < 1 or args.warmup < 0:
             raise ABError(f"--pairs >= 1 and --warmup >= 0, got {args.pairs} and {args.warmup}")
         if args.out.exists() and any(args.out.iterdir()):
@@ -267,7 +279,7 @@ def main(argv=None) -> int:
         cause = f" ({e.__cause__})" if isinstance(e, HydraException) and e.__cause__ else ""
         print(f"experiments.run.ab: {e}{cause}", file=sys.stderr)
         return 2
-    runner = Runner(args.out, args.overrides, sides, args.pairs, args.warmup)
+    runner = Runner(args.out, args.overrides, sides, args.pairs, args.warmup, args.primary)
     try:
         finished = runner.run(seeds)
     except KeyboardInterrupt:  # between two runs: the finished ones stay
@@ -276,14 +288,12 @@ def main(argv=None) -> int:
     for s in SIDES:
         if (args.out / s / SWEEP_TABLE).exists():
             write_aggregate(args.out / s / SWEEP_TABLE)
-    return _compare(args.out, args.metric, finished)
+    return _compare(args.out, args.metric, args.primary, finished)
 
 
-def _compare(out: Path, metrics: list[str] | None, finished: bool) -> int:
-    from experiments.statistics.compare import CompareError, compare
-
+def _compare(out: Path, metrics: list[str] | None, primary: str | None, finished: bool) -> int:
     try:
-        result = compare(out / "A", out / "B", metrics=metrics)
+        result = compare(out / "A", out / "B", metrics=metrics, primary=primary)
     except CompareError as e:
         print(f"experiments.run.ab: nothing to compare yet ({e})", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 """Is A better than B? Two runs, two repeated runs, or one configuration from each of two sweeps.
 
-    python -m experiments.statistics.compare A B [--where scheduler.name=fcfs] [--where-a K=V] [--where-b K=V] [--top 5]
+    python -m experiments.statistics.compare A B [--primary mean_tpot_ms] [--where scheduler.name=fcfs] [--where-a K=V]
+        [--where-b K=V] [--top 5]
 
 A side is a run folder (summary.json), a repeated run's folder (`replay.repeats=N`: its own sweep.csv) or
 a sweep folder whose runs are repeats of one configuration (`--where KEY=VALUE` picks one out of a larger
@@ -19,10 +20,14 @@ request throughput, goodput), the difference A - B and a test of "no difference"
   no verdict   one run per side of a machine-timed executor (real engine, host executor): run-to-run
                noise is not measured, so only the observed difference is reported
 Verdicts are family-wise at 5%: Holm's step-down over the tested metrics (Holm 1979; rejects whatever
-Bonferroni rejects, and more). Each interval is the metric's own 95% interval. "detectable" is the
-difference this comparison would have found with 80% power at Holm's strictest level (noncentral t; the
-bootstrap's normal approximation), in % of B: "no significant difference" then reads "nothing larger than
-that". Then the requests whose latency changed most, with what changed for them: queueing delay,
+Bonferroni rejects, and more). `--primary METRIC`, declared before the data are seen, is the one
+confirmatory test: it alone is tested at the full 5% and the others are secondary, Holm at 5% among
+themselves and claimed only when the primary is (a fixed-sequence gate: family-wise 5% over all of them;
+ICH E9 sec. 2.2.2 and 5.6 on a primary variable; Westfall & Krishen 2001, J. Stat. Plan. Inference 99).
+Each interval is the metric's own 95% interval. "detectable" is the difference this comparison would have
+found with 80% power at the level its metric is tested at (the primary's 5%, else Holm's strictest;
+noncentral t; the bootstrap's normal approximation), in % of B: "no significant difference" then reads
+"nothing larger than that". Then the requests whose latency changed most, with what changed for them: queueing delay,
 preemptions, prefill chunks and steps it was scheduled in (experiments.statistics.compare_requests).
 """
 
@@ -49,6 +54,7 @@ STATISTICS = ("mean", "p50", "p99")
 ALPHA = 0.05
 POWER = 0.8
 SAME = "no significant difference"
+METRICS = tuple(f"{s}_{m}_ms" for m in LATENCY for s in STATISTICS) + RUN_METRICS  # the default family
 
 
 class CompareError(ValueError):
@@ -74,34 +80,53 @@ class Comparison:
     table: pd.DataFrame  # one row per metric
     changed: pd.DataFrame  # the requests whose latency changed most, and why
     notes: list[str] = field(default_factory=list)
+    primary: str | None = None  # the pre-declared primary metric, tested alone at the full alpha
 
     def verdicts(self) -> dict[str, str]:
         return dict(zip(self.table["metric"], self.table["verdict"]))
 
     def text(self) -> str:
         t = self.table
+        head = f"{self.pairs} run pair(s), {self.design}; {self.requests} request pairs; verdicts family-wise "
+        head += f"{ALPHA:.0%}"
+        if self.primary:
+            secondary = int((t["tested"] & (t["role"] == "secondary")).sum())
+            head += (
+                f": primary {self.primary} alone at {ALPHA:.0%}; {secondary} secondary metrics Holm at {ALPHA:.0%}, "
+                "claimed only when the primary is"
+            )
+        else:
+            head += f" (Holm over {int(t['tested'].sum())} tested metrics)"
         lines = [
             f"A = {self.a}",
             f"B = {self.b}",
-            f"{self.pairs} run pair(s), {self.design}; {self.requests} request pairs; verdicts family-wise "
-            f"{ALPHA:.0%} (Holm over {int(t['tested'].sum())} tested metrics)",
+            head,
             "",
             f"{'metric':<20} {'A':>10} {'B':>10} {'A - B':>10} {'%':>7} {'95% interval of A - B':>23} "
-            f"{'p (Holm)':>8} {'detectable':>10}  verdict",
+            f"{'p (adj.)':>8} {'detectable':>10}  verdict",
         ]
         for r in t.itertuples():
             ci = "" if math.isnan(r.ci_low) else f"[{r.ci_low:9.2f}, {r.ci_high:9.2f}]"
-            p = "" if math.isnan(r.p_holm) else f"{r.p_holm:.3g}"
+            p = "" if math.isnan(r.p_adjusted) else f"{r.p_adjusted:.3g}"
             mde = "" if math.isnan(r.detectable_pct) else f"{r.detectable_pct:.1f}%"
+            role = " (primary)" if r.role == "primary" else ""
             lines.append(
                 f"{r.metric:<20} {r.a:10.2f} {r.b:10.2f} {r.diff:10.2f} {r.diff_pct:6.1f}% {ci:>23} {p:>8} "
-                f"{mde:>10}  {r.verdict}"
+                f"{mde:>10}  {r.verdict}{role}"
             )
-        same = t[t["verdict"] == SAME]
-        if len(same) and same["detectable_pct"].notna().any():
+        first = t[t["role"] == "primary"]
+        if len(first) and first["verdict"].iloc[0] == SAME and first["detectable_pct"].notna().iloc[0]:
             lines += [
                 "",
-                f"no significant difference in {len(same)} metric(s): this comparison could have detected "
+                f"primary {self.primary}: no significant difference; this comparison could have detected "
+                f"differences larger than {first['detectable_pct'].iloc[0]:.1f}% (80% power at {ALPHA:.0%})",
+            ]
+        same = t[(t["verdict"] == SAME) & (t["role"] == "secondary")]
+        if len(same) and same["detectable_pct"].notna().any():
+            kind = "secondary metric(s)" if self.primary else "metric(s)"
+            lines += [
+                "",
+                f"no significant difference in {len(same)} {kind}: this comparison could have detected "
                 f"differences larger than {same['detectable_pct'].min():.1f}% to {same['detectable_pct'].max():.1f}% "
                 f"(80% power)",
             ]
@@ -121,6 +146,7 @@ class Comparison:
             "pairs": self.pairs,
             "requests": self.requests,
             "design": self.design,
+            "primary": self.primary,
             "metrics": self.table.to_dict(orient="records"),
             "changed": self.changed.to_dict(orient="records"),
             "notes": self.notes,
@@ -213,6 +239,31 @@ def pair_runs(a: list[Run], b: list[Run]) -> tuple[list[tuple[Run, Run]], list[s
 
 
 # ---- the statistics ---------------------------------------------------------------------------------
+def check_metrics(names: list[str], option: str, valid=METRICS) -> None:
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise CompareError(f"{option} {', '.join(unknown)}: no such metric; valid: {', '.join(valid)}")
+
+
+def _adjust(p: list[float], roles: list[str]) -> tuple[np.ndarray, list[float]]:
+    """Adjusted p-values (reject where <= ALPHA) and the level each metric's detectable effect is computed
+    at. No primary: Holm over all. A primary: its own p at ALPHA; the secondaries Holm among themselves, and
+    no smaller than the primary's p (the fixed-sequence gate: a secondary is claimed only after the
+    primary; an untestable primary spends nothing)."""
+    p_arr = np.asarray(p, dtype=float)
+    if "primary" not in roles:
+        adjusted = holm(p_arr, ALPHA)
+        return adjusted, [ALPHA / max(int(np.isfinite(adjusted).sum()), 1)] * len(p)
+    first = roles.index("primary")
+    secondary = np.array([r == "secondary" for r in roles])
+    adjusted = np.full(p_arr.shape, math.nan)
+    adjusted[first] = p_arr[first]
+    gate = p_arr[first] if math.isfinite(p_arr[first]) else 0.0
+    adjusted[secondary] = np.maximum(holm(p_arr[secondary], ALPHA), gate)
+    family = max(int(np.isfinite(adjusted[secondary]).sum()), 1)
+    return adjusted, [ALPHA if r == "primary" else ALPHA / family for r in roles]
+
+
 def _stat(name: str):
     if name == "mean":
         return lambda x, axis=-1: np.mean(x, axis=axis)
@@ -326,9 +377,11 @@ def compare(
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     metrics: list[str] | None = None,
+    primary: str | None = None,
 ) -> Comparison:
     """metrics: the family to test (default: every latency statistic and run metric); a smaller family
-    chosen before looking has more power."""
+    chosen before looking has more power. primary: the one metric tested alone at the full alpha, declared
+    before looking (the others become secondary, gated by it: module docstring)."""
     runs_a, runs_b = load_side(a, where_a), load_side(b, where_b)
     pairs, notes = pair_runs(runs_a, runs_b)
     machine = _machine_timed(runs_a + runs_b)
@@ -340,22 +393,24 @@ def compare(
         pairs = pairs[:1]
     paired = all(same_workload(ra.requests, rb.requests) for ra, rb in pairs)
     rows = _latency_rows(pairs, paired, statistics) + _run_rows(pairs)
+    check_metrics(metrics or [], "--metric", [r["metric"] for r in rows])
+    check_metrics([primary] if primary else [], "--primary", [r["metric"] for r in rows])
     if metrics:
-        unknown = set(metrics) - {r["metric"] for r in rows}
-        if unknown:
-            raise CompareError(f"--metric: {sorted(unknown)} not among {[r['metric'] for r in rows]}")
-        rows = [r for r in rows if r["metric"] in metrics]
+        rows = [r for r in rows if r["metric"] in metrics or r["metric"] == primary]
+    rows.sort(key=lambda r: r["metric"] != primary)  # the primary first (a stable sort keeps the rest)
     tests = [_test(r, paired, machine, n_resamples, seed) for r in rows]
-    adjusted = holm([t["p"] for t in tests], ALPHA)
-    family = int(np.isfinite(adjusted).sum())
+    roles = ["primary" if r["metric"] == primary else "secondary" for r in rows]
+    adjusted, levels = _adjust([t["p"] for t in tests], roles)
+    if primary and math.isnan(tests[roles.index("primary")]["p"]):
+        notes.append(f"the primary {primary} has no test here: the secondary metrics are Holm at {ALPHA:.0%} alone")
     out = []
-    for r, t, p_holm in zip(rows, tests, adjusted):
+    for r, t, p_adj, level, role in zip(rows, tests, adjusted, levels, roles):
         av, bv = float(r["va"].mean()), float(r["vb"].mean())
         diff = av - bv
-        mde = detectable_effect(t["se"], t["df"], ALPHA / max(family, 1), POWER)
-        if math.isnan(p_holm):
+        mde = detectable_effect(t["se"], t["df"], level, POWER)
+        if math.isnan(p_adj):
             verdict = t["method"].split(":")[0] + (": observed difference only" if machine else "")
-        elif p_holm <= ALPHA:
+        elif p_adj <= ALPHA:
             verdict = "A better" if (diff > 0) == r["higher_is_better"] else "B better"
         else:
             verdict = SAME
@@ -368,13 +423,16 @@ def compare(
                 "diff_pct": 100 * diff / abs(bv) if bv else math.nan,
                 "ci_low": t["ci_low"],
                 "ci_high": t["ci_high"],
+                "se": t["se"],  # of A - B; with df, what a power calculation needs (intervals.power_at)
+                "df": t["df"],
                 "p": t["p"],
-                "p_holm": p_holm,
+                "p_adjusted": p_adj,
                 "detectable": mde,
                 "detectable_pct": 100 * mde / abs(bv) if bv else math.nan,
                 "verdict": verdict,
                 "method": t["method"],
-                "tested": bool(np.isfinite(p_holm)),
+                "role": role,
+                "tested": bool(np.isfinite(p_adj)),
             }
         )
     if len(pairs) == 1 and machine:
@@ -400,6 +458,7 @@ def compare(
         pd.DataFrame(out),
         explain(req, top),
         notes,
+        primary,
     )
 
 
@@ -411,6 +470,11 @@ def main(argv=None) -> None:
     ap.add_argument("--where-a", action="append", help="KEY=VALUE filter on A's rows only")
     ap.add_argument("--where-b", action="append", help="KEY=VALUE filter on B's rows only")
     ap.add_argument("--metric", action="append", help="test only these metrics (repeatable; default: all)")
+    ap.add_argument(
+        "--primary",
+        help="the one metric tested alone at the full 5%%, declared before looking; the others are secondary "
+        f"(one of {', '.join(METRICS)})",
+    )
     ap.add_argument("--top", type=int, default=5, help="requests to explain (default 5)")
     ap.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES)
     ap.add_argument("--json", help="also write the comparison to this JSON file")
@@ -425,6 +489,7 @@ def main(argv=None) -> None:
             top=args.top,
             n_resamples=args.resamples,
             metrics=args.metric,
+            primary=args.primary,
         )
     except CompareError as e:
         raise SystemExit(f"experiments.statistics.compare: {e}") from None

@@ -12,6 +12,8 @@
                                                difference of means
     detectable_effect(se, df, alpha, power)    the smallest true difference a two-sided t test at alpha
                                                detects with the given power (noncentral t)
+    power_at(delta, se, df, alpha)             the chance that test detects a true difference delta
+    pairs_needed(sd, delta, alpha, power)      the fewest pairs for that power, from one pair's sd
 
 Quantile intervals. For n independent draws from a continuous distribution, the r-th order statistic
 U_(r) of the uniform case is Beta(r, n + 1 - r), so P(X_(r) <= xi_q) = P(Binomial(n, q) >= r) whatever the
@@ -165,6 +167,22 @@ def holm(p_values: Sequence[float], alpha: float = 0.05) -> np.ndarray:
     return out
 
 
+def power_at(delta: float, se: float, df: float, alpha: float = 0.05) -> float:
+    """The probability that a two-sided t test at alpha, with this standard error and df, rejects "no
+    difference" when the true difference is delta (noncentral t; Cohen 1988 ch. 2). NaN without noise."""
+    from scipy import stats
+
+    if not (math.isfinite(se) and se > 0 and df > 0):
+        return math.nan
+    nc = abs(delta) / se
+    if math.isinf(df):  # a normal statistic (e.g. a bootstrap's)
+        z = float(stats.norm.ppf(1 - alpha / 2))
+        return float(stats.norm.sf(z - nc) + stats.norm.cdf(-z - nc))
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    value = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    return 1.0 if math.isnan(value) else value  # scipy's nct gives NaN far in the tail
+
+
 def detectable_effect(se: float, df: float, alpha: float = 0.05, power: float = 0.8) -> float:
     """The true difference a two-sided t test at alpha, with this standard error and df, detects with the
     given power (noncentral t; Cohen 1988 ch. 2). NaN without an estimate of the noise."""
@@ -176,17 +194,23 @@ def detectable_effect(se: float, df: float, alpha: float = 0.05, power: float = 
         return 0.0
     if math.isinf(df):  # a normal statistic (e.g. a bootstrap's)
         return se * float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
-    crit = float(stats.t.ppf(1 - alpha / 2, df))
 
-    def power_at(delta: float) -> float:
-        nc = delta / se
-        value = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
-        return (1.0 if math.isnan(value) else value) - power  # scipy's nct gives NaN far in the tail
+    def short(delta: float) -> float:
+        return power_at(delta, se, df, alpha) - power
 
-    high = se * crit
-    while power_at(high) < 0:
+    high = se * float(stats.t.ppf(1 - alpha / 2, df))
+    while short(high) < 0:
         high *= 2
-    return float(optimize.brentq(power_at, 0.0, high, xtol=se * 1e-6))
+    return float(optimize.brentq(short, 0.0, high, xtol=se * 1e-6))
+
+
+def pairs_needed(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8, most: int = 10_000) -> int:
+    """The fewest pairs whose paired t test at alpha detects a true difference delta with the given power,
+    when one pair's difference has standard deviation sd (sd assumed known: a planning figure)."""
+    for n in range(2, most + 1):
+        if power_at(delta, sd / math.sqrt(n), n - 1, alpha) >= power:
+            return n
+    raise ValueError(f"more than {most} pairs needed for {delta} at sd {sd}")
 
 
 # ---- bootstrap --------------------------------------------------------------------------------------

@@ -90,12 +90,15 @@ def test_a_planted_ten_percent_is_found_at_five_interleaved_pairs(tmp_path):
     out = tmp_path / "ab"
     rc = main(
         ["--a", "executor.step_time_s=0.02", "--b", "executor.step_time_s=0.022", "--pairs", "5", "--warmup", "0"]
-        + ["--out", str(out), "--metric", "mean_tpot_ms", "--metric", "output_throughput", *HOST]
+        + ["--out", str(out), "--primary", "mean_tpot_ms", "--metric", "output_throughput", *HOST]
     )
     assert rc == 0
     data = json.loads((out / "compare.json").read_text())
     verdicts = {m["metric"]: m["verdict"] for m in data["metrics"]}
     assert verdicts == {"mean_tpot_ms": "A better", "output_throughput": "A better"}, data
+    # the primary, declared before the first run, is recorded there and in the comparison
+    assert json.loads((out / "ab.json").read_text())["primary"] == data["primary"] == "mean_tpot_ms"
+    assert {m["metric"]: m["role"] for m in data["metrics"]}["mean_tpot_ms"] == "primary"
     assert data["design"] == "paired" and data["pairs"] == 5
     # the runs' own monotonic clock readings follow the recorded order, so the sides did interleave
     runs = [(s, r) for s, r in order(out)]
@@ -113,6 +116,8 @@ def test_refused_before_anything_runs(tmp_path, capsys):
     assert "A and B differ in trace" in capsys.readouterr().err
     assert main(["--out", str(out), "--b", "scheduler.max_num_seqs=abc", *SIM]) == 2
     assert "max_num_seqs" in capsys.readouterr().err
+    assert main(["--out", str(out), "--primary", "mean_tpt_ms", *SIM]) == 2
+    assert "--primary mean_tpt_ms: no such metric; valid: mean_ttft_ms" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -11,6 +11,8 @@ from experiments.statistics.intervals import (
     detectable_effect,
     holm,
     mean_of_strata,
+    pairs_needed,
+    power_at,
     quantile_interval,
     quantile_min_n,
     t_interval,
@@ -120,6 +122,22 @@ def test_detectable_effect_has_the_stated_power():
     power = np.mean([t_test(row)[0] <= alpha for row in d])
     assert 0.77 <= power <= 0.83, (delta, power)
     assert detectable_effect(0.0, 4) == 0.0 and math.isnan(detectable_effect(math.nan, 4))
+
+
+def test_power_and_pairs_needed_match_simulated_paired_tests():
+    """power_at is the rejection rate of simulated paired t tests; pairs_needed is the fewest pairs at
+    which that rate reaches 80% (here a difference of 0.8 sd at the full 5%)."""
+    sd, delta, alpha = 1.0, 0.8, 0.05
+    n = pairs_needed(sd, delta, alpha, 0.8)
+    rng = np.random.default_rng(12)
+    for pairs in (n - 1, n):
+        expected = power_at(delta, sd / math.sqrt(pairs), pairs - 1, alpha)
+        d = rng.normal(delta, sd, (4000, pairs))
+        observed = np.mean([t_test(row)[0] <= alpha for row in d])
+        assert abs(observed - expected) < 0.025, (pairs, observed, expected)
+        assert (expected >= 0.8) == (pairs == n), (pairs, expected)
+    se = sd / math.sqrt(5)
+    assert power_at(detectable_effect(se, 4, alpha, 0.8), se, 4, alpha) == pytest.approx(0.8, abs=1e-4)
 
 
 def test_stratified_bootstrap_of_a_mean_over_repeats():
