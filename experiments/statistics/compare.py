@@ -252,14 +252,14 @@ def _adjust(p: list[float], roles: list[str]) -> tuple[np.ndarray, list[float]]:
     primary; an untestable primary spends nothing)."""
     p_arr = np.asarray(p, dtype=float)
     if "primary" not in roles:
-        adjusted = holm(p_arr, ALPHA)
+        adjusted = holm(p, ALPHA)
         return adjusted, [ALPHA / max(int(np.isfinite(adjusted).sum()), 1)] * len(p)
     first = roles.index("primary")
     secondary = np.array([r == "secondary" for r in roles])
     adjusted = np.full(p_arr.shape, math.nan)
     adjusted[first] = p_arr[first]
     gate = p_arr[first] if math.isfinite(p_arr[first]) else 0.0
-    adjusted[secondary] = np.maximum(holm(p_arr[secondary], ALPHA), gate)
+    adjusted[secondary] = np.maximum(holm(p_arr[secondary].tolist(), ALPHA), gate)
     family = max(int(np.isfinite(adjusted[secondary]).sum()), 1)
     return adjusted, [ALPHA if r == "primary" else ALPHA / family for r in roles]
 
