@@ -48,6 +48,9 @@ def test_one_simulated_run_per_side_is_tested_over_its_requests(tmp_path):
     same = compare(tmp_path / "a", tmp_path / "c", n_resamples=400)
     assert {v for m, v in same.verdicts().items() if m.endswith("_ms")} == {SAME}, same.text()
     assert "paired bootstrap over requests" in same.table["method"].iloc[0]
+    # a primary with no test here (a run-level figure of one run per side) spends nothing: Holm as without it
+    untested = compare(tmp_path / "a", tmp_path / "b", n_resamples=400, primary="output_throughput")
+    assert untested.verdicts() == v and any("has no test here" in n for n in untested.notes), untested.text()
 
 
 def test_simulated_copies_of_one_workload_count_as_one_pair(tmp_path):
