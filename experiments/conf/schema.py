@@ -12,15 +12,21 @@ OmegaConf has no unions but Optional: a field typed `str | dict` (a link's name 
 (seconds a yaml writes as an int: a float field would turn 120 into 120.0 in every recorded config) is
 `Any` here. A nested group dataclass is spread as prefixed keys (cache.host_tier -> host_tier_gb, ...).
 
-The trace group has no schema: its documented value forms are replaced whole (`~trace.prompt_len
-+trace.prompt_len={...}`), which a structured config refuses (no deletion); its loaders refuse unknown keys
-and bad values by name. The device, link and model groups are the library's spec sheets (testbed/specs,
-read without Hydra too): DeviceSpec, LinkSpec and the model's config type them when the run is built.
+The trace group's schemas are its loaders' options (experiments.traces, experiments.sessions: each format's
+DEFAULTS, the keys and defaults it takes), typed by TRACE_TYPES; a length spec (`{dist: uniform, low, high}`)
+or a count range is one `Any` value the yaml makes with oc.create, so a plain override replaces it whole
+(`trace.prompt_len={dist:uniform,low:32,high:256}`) and the loader checks it before the run. The model
+group is typed from the library's ModelConfig in conf/config.yaml's defaults (`/schema/model@model`, before
+the option), so its sheets (testbed/specs/model) stay plain spec data; hf_config is an open mapping (a
+config.json's keys). The device and link groups are the library's spec sheets too: DeviceSpec and LinkSpec
+type them when the run is built.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,7 +35,15 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING  # a name: the option's yaml gives it
 
-from testbed.config import CacheConfig, ExecutorConfig, ParallelConfig, SchedulerConfig, SimConfig, SpeculativeConfig
+from testbed.config import (
+    CacheConfig,
+    ExecutorConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SimConfig,
+    SpeculativeConfig,
+)
 
 SchemaField = tuple[str, Any, Any]  # (key, OmegaConf type, dataclasses.field with the default)
 
@@ -76,6 +90,7 @@ def schema(name: str, *parts: list[SchemaField]) -> type:
     """A dataclass of these fields, named `name` in this module (where pickle finds it: multirun launchers)."""
     cls = dataclasses.make_dataclass(name, [entry for part in parts for entry in part])
     cls.__module__ = __name__
+    globals()[name] = cls
     return cls
 
 
@@ -115,6 +130,56 @@ NgramSpecSchema = schema(
 )
 # the link the simulator prices TP's collectives over (the link group, composed here), then ParallelConfig
 ParallelSchema = schema("ParallelSchema", [("link", Any, field(default=None))], fields_of(ParallelConfig))
+# the model: a name and its shape's overrides (the option's sheet gives them; model.hf_config.num_hidden_layers=16)
+ModelSchema = schema("ModelSchema", fields_of(ModelConfig, "name", "hf_config"))
+
+# The trace loaders' option types, by key (a key some format's DEFAULTS adds needs one here: trace_schemas
+# refuses to build without it). Any: a value of several forms the loader checks (a length spec or an integer,
+# [low, high] or an integer, a string or a list of strings, seconds an int or a float).
+TRACE_TYPES: dict[str, Any] = {
+    **{"name": str, "path": Optional[str], "start": int, "window": Optional[list[Any]]},  # noqa: UP045
+    **{"max_requests": Optional[int], "time_scale": float, "seed": int, "overlength": str},  # noqa: UP045
+    **{"zero_length": Optional[str], "rebase": bool, "ignore_eos": bool, "token_low": int, "horizon_s": Any},  # noqa: UP045
+    **{"num_requests": int, "rate": Optional[float], "burstiness": float, "prompt_len": Any, "output_len": Any},  # noqa: UP045
+    **{"prefix_groups": int, "prefix_len": int, "block_size": int, "models": Any, "log_types": Any, "shuffle": bool},
+    **{"num_sessions": int, "turns": Any, "system_tokens": Any, "first_tokens": Any, "new_tokens": Any},
+    **{"output_tokens": Any, "think_s": float, "think_dist": str, "session_rate": Optional[float]},  # noqa: UP045
+    **{"max_sessions": Optional[int], "max_turns": Optional[int], "chat_template": bool},  # noqa: UP045
+}
+
+
+def trace_formats() -> dict[str, dict[str, Any]]:
+    """Each trace format's options as its loader takes them (experiments.run.settings.trace_options): key ->
+    default, in the order the yaml documents them (name, the format's own, then those every format shares)."""
+    from experiments.sessions import sharegpt as sharegpt_sessions
+    from experiments.sessions import synthetic as sessions
+    from experiments.traces import COMMON_DEFAULTS, azure, burstgpt, mooncake, sharegpt, synthetic
+
+    def request_trace(name: str, own: dict) -> dict:
+        return {"name": name, **own, **{k: v for k, v in COMMON_DEFAULTS.items() if k != "name"}}
+
+    formats = {m.__name__.rpartition(".")[2]: request_trace(m.__name__.rpartition(".")[2], m.DEFAULTS)
+               for m in (azure, burstgpt, mooncake, sharegpt, synthetic)}  # fmt: skip
+    formats["mooncake_sessions"] = request_trace("mooncake_sessions", mooncake.DEFAULTS)
+    return {**formats, "sessions": sessions.DEFAULTS, "sharegpt_sessions": sharegpt_sessions.DEFAULTS}
+
+
+def trace_schemas() -> dict[str, type]:
+    out = {}
+    for name, defaults in trace_formats().items():
+        untyped = sorted(set(defaults) - set(TRACE_TYPES))
+        assert not untyped, f"trace={name}: options {untyped} have no type in TRACE_TYPES"
+        fields = [(key, TRACE_TYPES[key], _trace_default(key, value)) for key, value in defaults.items()]
+        out[name] = schema("".join(part.title() for part in name.split("_")) + "TraceSchema", fields)
+    return out
+
+
+def _trace_default(key: str, value: Any) -> Any:
+    if key == "path":  # MISSING, as a file-based format's yaml writes it (a yaml's `???` leaves a None in place)
+        return field(default=MISSING)
+    if isinstance(value, (dict, list)):  # a length spec, a count range
+        return field(default_factory=functools.partial(copy.deepcopy, value))
+    return field(default=value)
 
 
 @dataclass
@@ -188,6 +253,8 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "server": {"default": ServerSchema},
     "parallel": {"default": ParallelSchema},
     "kernel": {"default": KernelSchema},
+    "model": {"default": ModelSchema},
+    "trace": trace_schemas(),
 }
 
 

@@ -21,6 +21,8 @@ class ModelConfig:
 
     def __post_init__(self):
         check_field_types(self)
+        if self.hf_config == {}:  # no values over the model's own, one way (a sheet's `hf_config: {}`)
+            self.hf_config = None
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         mml = self.max_model_len

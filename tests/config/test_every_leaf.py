@@ -316,6 +316,16 @@ def test_bad_trace_values_are_refused_before_the_run_naming_the_key():
 def test_value_forms_the_docs_give_are_plain_overrides():
     cfg = composed("trace=synthetic", "trace.prompt_len={dist:uniform,low:32,high:256}")
     assert run_settings(cfg).trace["prompt_len"] == {"dist": "uniform", "low": 32, "high": 256}
+    for form, value in [
+        ("{dist:fixed,value:64}", {"dist": "fixed", "value": 64}),
+        ("{dist:lognormal,median:100,sigma:0.5}", {"dist": "lognormal", "median": 100, "sigma": 0.5}),
+        ("{dist:zipf,a:1.5,low:1,high:64}", {"dist": "zipf", "a": 1.5, "low": 1, "high": 64}),
+    ]:
+        assert run_settings(composed("trace=synthetic", f"trace.output_len={form}")).trace["output_len"] == value
+    cfg = composed("model=tiny", "model.hf_config.num_hidden_layers=1")
+    assert run_settings(cfg).engine.model.hf_config["num_hidden_layers"] == 1
+    cfg = composed("+model.hf_config.num_hidden_layers=3")
+    assert run_settings(cfg).engine.model.hf_config == {"num_hidden_layers": 3}
     cfg = composed("trace=sharegpt_synthetic", "trace.output_len={dist:fixed,value:7}")
     assert run_settings(cfg).trace["output_len"] == {"dist": "fixed", "value": 7}
     cfg = composed("cluster.router=prefix_affinity", "cluster.router_options={key_blocks:4,load_factor:1.5}")

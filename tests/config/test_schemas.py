@@ -76,6 +76,11 @@ def test_every_option_is_typed_by_a_schema_declaring_exactly_its_keys(group):
         (["server.port=http"], "server.port"),
         (["parallel.tensor_parallel_size=x"], "parallel.tensor_parallel_size"),
         (["kernel.name=[torch]"], "kernel.name"),
+        (["trace=synthetic", "trace.rate=fast"], "trace.rate"),
+        (["trace=azure", "trace.start=x"], "trace.start"),
+        (["trace=sessions", "trace.think_s=[1]"], "trace.think_s"),
+        (["model.name=[tiny]"], "model.name"),
+        (["model=tiny", "model.hf_config=7"], "model.hf_config"),
     ],
 )
 def test_a_wrong_type_is_refused_at_compose_naming_the_key(overrides, key):
@@ -106,7 +111,7 @@ def test_schemas_declare_only_keys_the_settings_read():
     settings map (experiments.run.engine_config.GROUP_FIELDS, experiments.run.settings' key tables, the
     dataclasses the cluster and the server are built from)."""
     from experiments.run.engine_config import GROUP_FIELDS
-    from experiments.run.settings import REPLAY_KEYS
+    from experiments.run.settings import REPLAY_KEYS, trace_options
     from testbed.cluster.config import ClusterConfig
     from testbed.server.settings import ServerSettings
     from testbed.sim.config import SimConfig
@@ -119,6 +124,7 @@ def test_schemas_declare_only_keys_the_settings_read():
         "server": {f.name for f in dataclasses.fields(ServerSettings)},
         "executor": {"name", "step_time_s", *(f.name for f in dataclasses.fields(SimConfig))},  # host: step_time_s
         "spec": {f.name for f in dataclasses.fields(SpeculativeConfig)},
+        "trace": {key for name in SCHEMAS["trace"] for key in trace_options({"name": name})},
     }
     for group, schemas in SCHEMAS.items():
         for schema in schemas.values():
@@ -157,3 +163,21 @@ def test_engine_schemas_are_derived_from_the_library_groups():
         new_knob: int | None = 3
 
     assert fields_of(WithKnob)[-1][:2] == ("new_knob", omegaconf_type(int | None))
+
+
+def test_trace_schemas_are_the_options_their_loaders_take():
+    """Each trace format's schema declares exactly the keys its loader takes (experiments.traces,
+    experiments.sessions) with the loader's defaults, and every option of the model group (the library's
+    sheets, testbed/specs/model) composes as the model schema (typed from testbed.config.ModelConfig)."""
+    from experiments.run.settings import trace_options
+    from testbed.specs import builtin_names
+
+    for name, schema in SCHEMAS["trace"].items():
+        loader = trace_options({"name": name})
+        built = OmegaConf.to_container(OmegaConf.structured(schema))
+        assert set(built) == set(loader), name
+        derived = ("path", "zero_length")  # the yaml gives the path; the loader fills zero_length from overlength
+        assert {k: v for k, v in built.items() if k not in derived} == {k: loader[k] for k in built if k not in derived}
+    for name in builtin_names("model"):
+        cfg = compose("config", overrides=[f"model={name}"])
+        assert OmegaConf.get_type(cfg.model) is SCHEMAS["model"]["default"]
