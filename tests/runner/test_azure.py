@@ -47,6 +47,9 @@ def test_azure_first_40(tmp_path, tiny_cfg):
         run_dir,
         "trace.max_requests=40",
         "trace.time_scale=8",
+        # 40 requests of <= 16 + 4 tokens: 128 MiB of KV (~2,900 token slots) instead of the default 1 GiB,
+        # which the engine zeroes at start-up
+        "cache.memory_gb=0.125",
         "replay.max_prompt_tokens=16",
         "replay.max_output_tokens=4",
     )

@@ -84,7 +84,12 @@ def test_open_loop_replay_writes_results(tmp_path):
 def test_bad_input_is_a_clear_error(tmp_path):
     """The CLI path of an input error (the cases themselves are in test_runner_errors.py)."""
     proc = run_cli(
-        "model=tiny", "trace=azure", "trace.path=/nonexistent/azure.csv", f"hydra.run.dir={tmp_path}/r", check=False
+        "model=tiny",
+        "cache.num_blocks=64",  # the engine is built before the trace is read; no 1 GiB default KV to zero
+        "trace=azure",
+        "trace.path=/nonexistent/azure.csv",
+        f"hydra.run.dir={tmp_path}/r",
+        check=False,
     )
     assert proc.returncode != 0
     assert "/nonexistent/azure.csv: file not found" in proc.stderr, proc.stderr[-3000:]
@@ -129,8 +134,12 @@ def test_ctrl_c_keeps_measurements(tmp_path):
 
 
 def test_default_run_prints_a_summary(tmp_path):
-    """`python run.py` (the built-in prompt set on smollm2-135m), made small."""
-    proc = run_cli("workload.num_prompts=3", "workload.max_tokens=4", f"hydra.run.dir={tmp_path}/run")
+    """`python run.py` (the built-in prompt set on smollm2-135m), made small: the KV budget too (still sized
+    from cache.memory_gb, as by default; 1/16 of the default 1 GiB that the 3 prompts never use, which costs
+    seconds to zero and fault in on huge pages)."""
+    proc = run_cli(
+        "workload.num_prompts=3", "workload.max_tokens=4", "cache.memory_gb=0.0625", f"hydra.run.dir={tmp_path}/run"
+    )
     for text in ("requests completed", "3 / 3", "output throughput", "tok/s", "TTFT", "first answer"):
         assert text in proc.stdout, proc.stdout
     summary, _, _ = read_run(tmp_path / "run")

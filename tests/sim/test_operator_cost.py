@@ -105,6 +105,7 @@ def test_calibrate_and_simulate_the_tiny_model_on_its_operators(tmp_path, monkey
         [
             "model=tiny",
             "kernel=torch",
+            "cache.memory_gb=0.0625",  # zeroed at start-up; these workloads use a few MiB of it
             "--quick",
             "--out",
             str(tmp_path),
