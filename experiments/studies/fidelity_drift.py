@@ -15,10 +15,14 @@ Tables (pure functions of the study's runs.csv and step_residuals.csv rows):
   knee_matched    the capacity knee of the matched simulations, per real repeat, against the real knee
   probe_gauge     per real run, its median step residual against its probe ratio: a faithful gauge makes
                   (1 + residual) x ratio = 1, i.e. log(1 + residual) against log(ratio) a slope of -1
+The re-analysis also simulates each run at the step speed the run itself measured (`sim_step_matched`:
+cost_scale = 1 / (1 + the run's median step residual)): an oracle, not a prediction, that tells a miss the
+probe failed to gauge (the speed level) from one the cost model's shape or the queue makes.
 Verdicts, for the figures with a target: `met` (raw error within it), `drift` (missed raw, met once
-matched: the measured cause is the machine's speed), `spread` (missed both ways, but the real interval's
-half-width exceeds the target and the matched figure lies inside it: three repeats cannot judge the
-target), `unexplained`.
+matched: the measured cause is the machine's speed), `speed` (met only at the run's own measured step speed:
+the machine's speed during the run, which the probe did not gauge), `spread` (missed, but the real
+interval's half-width exceeds the target and the matched figure lies inside it: three repeats cannot judge
+the target), `unexplained`.
 """
 
 import math
@@ -31,9 +35,11 @@ from experiments.statistics.intervals import t_interval
 from experiments.studies.fidelity_report import KNEE_TARGET, METRICS, TARGETS, knee, step_kind
 
 MATCHED = "sim_matched"  # runs.csv side of a drift-matched simulation (its repeat: the real run it matches)
+STEP_MATCHED = "sim_step_matched"  # at the run's own median step speed (the oracle)
 VERDICTS = {
     "met": "raw error within the target",
     "drift": "missed raw, met drift-matched: the machine's measured speed explains it",
+    "speed": "met only at the run's own measured step speed: a speed change the probe did not gauge",
     "spread": "missed both ways; the real interval is wider than the target and holds the matched figure",
     "unexplained": "missed, not explained by the probe's drift or the real spread",
 }
@@ -61,14 +67,25 @@ def _inside(value: float, lo: float, hi: float) -> bool:
     return bool(lo <= value <= hi) if math.isfinite(lo) and math.isfinite(value) else False
 
 
-def verdict(raw: float, matched: float, target: float | None, spread: bool, matched_inside: bool) -> str | None:
+def verdict(
+    raw: float, matched: float, target: float | None, spread: bool, matched_inside: bool, steps: float = math.nan
+) -> str | None:
     if target is None:
         return None
     if abs(raw) <= target:
         return "met"
     if abs(matched) <= target:
         return "drift"
+    if abs(steps) <= target:
+        return "speed"
     return "spread" if spread and matched_inside else "unexplained"
+
+
+def step_scales(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Per cost model and real run: the oracle's cost_scale, 1 / (1 + its median step residual)."""
+    out = per_run[["cost_model", "cell", "repeat"]].copy()
+    out["cost_scale"] = 1 / (1 + per_run["median_residual"])
+    return out
 
 
 def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
@@ -78,8 +95,10 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
     for cell, real in real_all.groupby("cell", sort=False):
         sims = runs[(runs["side"] == "sim") & (runs["cell"] == cell)]
         matched_all = runs[(runs["side"] == MATCHED) & (runs["cell"] == cell)]
+        oracle_all = runs[(runs["side"] == STEP_MATCHED) & (runs["cell"] == cell)]
         for cost_model, sim in sims.groupby("cost_model", sort=False):
             matched = matched_all[matched_all["cost_model"] == cost_model]
+            oracle = oracle_all[oracle_all["cost_model"] == cost_model]
             if not len(matched):
                 continue
             for metric in METRICS:
@@ -90,8 +109,9 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
                 target = TARGETS.get(metric)
                 raw = float(sim[metric].iloc[0])
                 value = float(matched[metric].astype(float).mean())
+                steps = float(oracle[metric].astype(float).mean()) if len(oracle) else math.nan
                 spread = bool(target is not None and math.isfinite(half) and half > target)
-                raw_err, matched_err = _error(raw, mean), _error(value, mean)
+                raw_err, matched_err, steps_err = _error(raw, mean), _error(value, mean), _error(steps, mean)
                 inside = _inside(value, lo, hi)
                 rows.append(
                     {
@@ -113,7 +133,10 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
                         "matched_inside": inside,
                         "matched_runs": len(matched),
                         "cost_scale_mean": float(matched["cost_scale"].mean()),
-                        "verdict": verdict(raw_err, matched_err, target, spread, inside),
+                        "sim_step_matched": steps,
+                        "step_matched_error": steps_err,
+                        "step_matched_inside": _inside(steps, lo, hi),
+                        "verdict": verdict(raw_err, matched_err, target, spread, inside, steps_err),
                     }
                 )
     return pd.DataFrame(rows)
@@ -232,11 +255,12 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
     counts, the knee and the probe gauge."""
     from experiments.results.environment import markdown_table
 
-    marks = {"met": "M", "drift": "D", "spread": "S", "unexplained": "U"}
+    marks = {"met": "M", "drift": "D", "speed": "V", "spread": "S", "unexplained": "U"}
     lines = [header, ""]
     lines += [
         "Each entry: raw error -> drift-matched error against the real mean (SIMULATED vs real); `in` = the "
-        "matched figure lies inside the real 95% interval; `(h)` = the real interval's half-width; verdict "
+        "matched figure lies inside the real 95% interval; `[s ...]` = the error at each run's own step speed "
+        "(the oracle, when simulated); `(h)` = the real interval's half-width; verdict "
         + ", ".join(f"{marks[k]} = {v}" for k, v in VERDICTS.items())
         + ".",
         "",
@@ -250,9 +274,10 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
             row = [cell, f"{by['cost_scale_mean'].iloc[0]:.3f}"]
             for m in targeted:
                 r = by.loc[m]
+                oracle = f" [s {_pct(r['step_matched_error'])}]" if math.isfinite(r["step_matched_error"]) else ""
                 row.append(
-                    f"{_pct(r['raw_error'])} -> {_pct(r['matched_error'])}{' in' if r['matched_inside'] else ''} "
-                    f"(h {100 * r['real_ci_rel_halfwidth']:.0f}%) {marks[r['verdict']]}"
+                    f"{_pct(r['raw_error'])} -> {_pct(r['matched_error'])}{' in' if r['matched_inside'] else ''}"
+                    f"{oracle} (h {100 * r['real_ci_rel_halfwidth']:.0f}%) {marks[r['verdict']]}"
                 )
             thr = by.loc["request_throughput"]
             row.append(

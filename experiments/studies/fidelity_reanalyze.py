@@ -7,7 +7,9 @@ simulation config (runs/<cell>/sim-<model>/config.yaml: its request count and ar
 every cell again with the code as it is now: once at cost_scale 1 (the raw figure, so raw and matched differ
 by the scale alone; `resim_vs_recorded` in drift_runs.csv says how far it is from the study's own
 simulation) and once per real run at cost_scale = that run's probe / the mean of the calibration's three
-probes. Simulations are deterministic and run on a virtual clock: the machine's load does not enter.
+probes, and once at the run's own median step speed (the oracle, fidelity_drift.STEP_MATCHED:
+cost_scale = 1 / (1 + that run's median step residual in step_residuals.csv)). Simulations are
+deterministic and run on a virtual clock: the machine's load does not enter.
 Writes drift_runs.csv, drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and
 drift_matched.md into the folder (their runs in a temporary folder unless --keep-runs).
 """
@@ -55,15 +57,18 @@ def cell_overrides(folder: Path, row, cost_model: str) -> list[str]:
 def reanalyze(
     folder: Path, profile: Path, runs_dir: Path, user: list[str], cost_models: list[str] | None
 ) -> pd.DataFrame:
-    """runs.csv's real rows plus, per cell and cost model, the re-simulation at scale 1 (side sim) and one
-    matched simulation per real run (side sim_matched)."""
+    """runs.csv's real rows plus, per cell and cost model, the re-simulation at scale 1 (side sim), one
+    matched simulation per real run (side sim_matched) and one at its own step speed (sim_step_matched)."""
     runs = pd.read_csv(folder / "runs.csv")
+    steps = pd.read_csv(folder / "step_residuals.csv")
     meta = json.loads(profile.read_text())
     reference = drift.reference_probe(meta)
     if reference is None:
         raise SystemExit(f"{profile} records no calibration probe (self_check.probe_seconds): nothing to match")
     setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]
     real = drift.cost_scales(runs, reference)
+    per_run = drift.probe_gauge_runs(steps, runs, reference)
+    oracle = drift.step_scales(per_run).set_index(["cost_model", "cell", "repeat"])["cost_scale"]
     recorded = runs[runs["side"] == "sim"]
     models = cost_models or list(dict.fromkeys(recorded["cost_model"]))
     rows = [real]
@@ -82,10 +87,17 @@ def reanalyze(
                     {**summary, "side": drift.MATCHED, "cost_model": name, "repeat": r.repeat,
                      "probe_s": r.probe_s, "drift": r.drift, "cost_scale": r.cost_scale}
                 )  # fmt: skip
+                if (name, cell, r.repeat) in oracle.index:
+                    scale = float(oracle.loc[(name, cell, r.repeat)])
+                    summary = simulate(overrides, profile, name, runs_dir / cell / f"sim-{name}-steps{r.repeat}", scale)
+                    out.append(
+                        {**summary, "side": drift.STEP_MATCHED, "cost_model": name, "repeat": r.repeat,
+                         "probe_s": r.probe_s, "drift": r.drift, "cost_scale": scale}
+                    )  # fmt: skip
             keep = ["side", "cost_model", "repeat", "probe_s", "drift", "cost_scale", *METRICS, "completed", "duration"]
             ident = {k: first[k] for k in ("cell", "trace", "mode", "level", "offered_rate")}
             rows.append(pd.DataFrame([{**ident, **{k: o.get(k) for k in [*keep, "resim_vs_recorded"]}} for o in out]))
-            print(f"{cell} {name}: raw + {len(group)} matched simulations", file=sys.stderr)
+            print(f"{cell} {name}: raw + {len(out) - 1} matched simulations", file=sys.stderr)
     return pd.concat(rows, ignore_index=True)
 
 
@@ -112,7 +124,8 @@ def main(argv=None) -> Path:
         f"Drift-matched re-analysis of `{folder.name}` (`python -m experiments.studies.fidelity_reanalyze "
         f"{folder}{f' --profile {profile}' if args.profile else ''}`): profile `{profile}`, {calibration_line(meta)}. "
         f"Reference probe (mean of the calibration's three) {1e3 * reference:.0f} ms; each real "
-        "run simulated again at cost_scale = its probe / that reference. Raw figures are re-simulated with "
+        "run simulated again at cost_scale = its probe / that reference, and (the oracle, `[s ...]`) at its own "
+        "median step speed. Raw figures are re-simulated with "
         "today's code at cost_scale 1 (drift_runs.csv `resim_vs_recorded`: against the study's own simulation)."
     )
     write_drift_markdown(folder, tables, header)

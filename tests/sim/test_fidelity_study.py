@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 
 from experiments.studies import fidelity, fidelity_reanalyze
-from experiments.studies.fidelity_drift import MATCHED, drift_matched, probe_gauge, probe_gauge_runs
+from experiments.studies.fidelity_drift import (
+    MATCHED,
+    STEP_MATCHED,
+    drift_matched,
+    probe_gauge,
+    probe_gauge_runs,
+    step_scales,
+)
 from experiments.studies.fidelity_report import METRICS, knee, residuals_by_repeat
 from testbed.sim.cost_models.operators import fit_operators
 from testbed.sim.cost_models.profile import FORMAT, fit
@@ -110,6 +117,18 @@ def test_drift_matching_recovers_a_planted_machine_speed():
     assert per_run["matched_median_residual"].abs().max() < 1e-12
     gauge = probe_gauge(per_run).iloc[0]
     assert gauge["pearson_r"] == pytest.approx(-1) and gauge["slope"] == pytest.approx(-1) and gauge["runs"] == 3
+    # a probe that saw nothing (every probe = the reference): matching changes nothing, the oracle at each
+    # run's own step speed (1 / (1 + its median residual) = the planted slowdown) meets the target: `speed`
+    assert step_scales(per_run)["cost_scale"].to_numpy() == pytest.approx(list(slow.values()))
+    blind = [{**r, "probe_s": reference} if r["side"] == "real" else r for r in rows if r["side"] != MATCHED]
+    blind += [{**ident, **base, "side": MATCHED, "cost_model": "profile", "repeat": r, "cost_scale": 1.0} for r in slow]
+    blind += [
+        {**ident, **{m: v * k for m, v in base.items()}, "side": STEP_MATCHED, "cost_model": "profile", "repeat": r}
+        for r, k in zip(step_scales(per_run)["repeat"], step_scales(per_run)["cost_scale"])
+    ]
+    tpot = drift_matched(pd.DataFrame(blind)).set_index("metric").loc["median_tpot_ms"]
+    assert tpot["matched_error"] == pytest.approx(100 / 120 - 1) and tpot["step_matched_error"] == pytest.approx(0)
+    assert tpot["verdict"] == "speed"
 
 
 def test_a_profile_without_operators_is_refused_before_any_run(tmp_path, profile):
@@ -190,13 +209,18 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert len(table) == len(cells) * 2 * len(METRICS) and table["verdict"].notna().sum() == len(cells) * 2 * 6
     assert len(pd.read_csv(out / "probe_gauge_runs.csv")) == 2 * len(real)
     assert "Is the probe a faithful gauge?" in (out / "drift_matched.md").read_text()
-    # the re-analysis of the finished folder simulates the same runs again: the same tables
+    # the re-analysis of the finished folder simulates the same runs again: the same tables (plus the oracle
+    # at each run's own step speed, which only the re-analysis runs, so verdicts may move to `speed`)
     for name in ("drift_matched", "knee_matched", "probe_gauge"):
         (out / f"{name}.csv").rename(out / f"{name}.study.csv")
     fidelity_reanalyze.main([str(out), "--profile", str(profile), *overrides, *short])
     for name in ("drift_matched", "knee_matched", "probe_gauge"):
-        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), pd.read_csv(out / f"{name}.study.csv"))
+        study = pd.read_csv(out / f"{name}.study.csv")
+        study = study.drop(columns=[c for c in study if c == "verdict" or "step_matched" in c])
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv")[study.columns], study)
     again = pd.read_csv(out / "drift_runs.csv")
+    assert (again["side"] == STEP_MATCHED).sum() == 2 * len(real)
+    assert pd.read_csv(out / "drift_matched.csv")["step_matched_error"].notna().all()
     assert all(max(abs(v) for v in json.loads(d).values()) < 1e-9 for d in again["resim_vs_recorded"].dropna())
 
 
