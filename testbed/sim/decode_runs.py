@@ -58,7 +58,7 @@ class DecodeRuns:
         # the paged allocator's decode allocation as _run_planned plans it
         self._planned_allocator = self._paged and all(
             getattr(type(kv), name) is getattr(PagedAllocator, name)
-            for name in ("allocate_slots", "can_allocate", "_set_fast_limit", "_cache_full_blocks", "blocks_needed")
+            for name in ("allocate_slots", "decode_slot", "_set_fast_limit", "_cache_full_blocks", "blocks_needed")
         )
         # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
         # the stats object), unless a subclass reports it differently
@@ -133,10 +133,10 @@ class DecodeRuns:
         events (the steps at which the allocator's fast limit is passed: a block fills up or a new one is
         needed), computed from its block counts as PagedAllocator.allocate_slots would move them; the run
         ends before the first step whose new blocks the free ones cannot all cover (they only shrink
-        during a run: nothing is freed, nothing admitted). Then the allocations are made by allocate_slots
-        itself in step and batch order, checking each against the plan, and the cache state noted after
-        each step. None (nothing changed) where the plan does not apply: a negative price, or a request
-        that would need more than one block in a step."""
+        during a run: nothing is freed, nothing admitted). Then the allocations are made in step and batch
+        order (PagedAllocator.decode_slot: allocate_slots' one-token path), each checked against the plan,
+        and the cache state noted after each step. None (nothing changed) where the plan does not apply: a
+        negative price, or a request that would need more than one block in a step."""
         sched, kv, ex = self.scheduler, self.kv, self.executor
         clock, token = ex.clock, ex.token_id
         running = list(sched.running)
@@ -200,7 +200,7 @@ class DecodeRuns:
                 return 0
         keys.sort()
         # the run: allocations in step and batch order, then the cache's state after the step
-        allocate, compact = kv.allocate_slots, self._compact_stats
+        allocate, compact = kv.decode_slot, self._compact_stats
         assert compact is not None  # _plannable
         expected = [max(limit - b + 1, 0) for (limit, _, _), b in zip(state, base)]
         run_tokens, run_times = [token] * steps, ends[:steps]
@@ -219,8 +219,7 @@ class DecodeRuns:
                 if expected[i] != j:
                     raise RuntimeError(f"decode run: {r.request_id} allocates at {expected[i]}, not {j}")
                 r.num_computed_tokens = base[i] - 1 + j
-                if allocate(r, 1) is None:  # cannot happen: the free blocks cover the run
-                    raise RuntimeError(f"decode run: allocation failed for {r.request_id} after its check")
+                allocate(r)
                 expected[i] = max(limits[r.request_id] - base[i] + 1, j + 1)
                 k += 1
             computed += n

@@ -180,6 +180,23 @@ class PagedAllocator(KVAllocator):
         self._set_fast_limit(rid, blocks)
         return new_blocks
 
+    def decode_slot(self, request: Request) -> None:
+        """allocate_slots(request, 1) for a decoding request past its fast limit, whose new block, if it
+        needs one, is known to be free (a simulated decode run plans that: testbed.sim.decode_runs): the
+        same block taken, hashes registered, counters and fast limit, without the general path's checks.
+        Not for a request that may share a block (a fork) or that holds no blocks yet."""
+        rid, bs = request.request_id, self.block_size
+        blocks = self.req_blocks[rid]
+        end = request.num_computed_tokens + 1
+        held = len(blocks)
+        if end > held * bs:
+            blocks.extend(self.pool.get_new_blocks(self.blocks_needed(end) - held))
+            self._count_held(request, held, len(blocks))
+            self._changed(rid, held)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, blocks, min(end, len(request.all_token_ids)))
+        self._set_fast_limit(rid, blocks)
+
     def slot_limits(self) -> dict[str, int]:
         return self.req_fast_limit
 
