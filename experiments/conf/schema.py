@@ -11,6 +11,8 @@ exactly, in the yaml's order (a schema field the yaml lacks would add a key to t
 OmegaConf has no unions but Optional: a field typed `str | dict` (a link's name or values) or `int | float`
 (seconds a yaml writes as an int: a float field would turn 120 into 120.0 in every recorded config) is
 `Any` here. A nested group dataclass is spread as prefixed keys (cache.host_tier -> host_tier_gb, ...).
+The cluster's, the server's and the replay's schemas are derived the same way, from ClusterConfig,
+ServerSettings and experiments.replay.options.ReplayOptions (whose fields also give run_settings' checks).
 
 The trace group's schemas are its loaders' options (experiments.traces, experiments.sessions: each format's
 DEFAULTS, the keys and defaults it takes), typed by TRACE_TYPES; a length spec (`{dist: uniform, low, high}`)
@@ -35,6 +37,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING  # a name: the option's yaml gives it
 
+from experiments.replay.options import ReplayOptions
+from testbed.cluster.config import ClusterConfig
 from testbed.config import (
     CacheConfig,
     ExecutorConfig,
@@ -44,13 +48,15 @@ from testbed.config import (
     SimConfig,
     SpeculativeConfig,
 )
+from testbed.server.settings import ServerSettings
 
 SchemaField = tuple[str, Any, Any]  # (key, OmegaConf type, dataclasses.field with the default)
 
 
-def fields_of(cls: type, *keys: str, skip: tuple = ()) -> list[SchemaField]:
+def fields_of(cls: type, *keys: str, skip: tuple = (), whole: tuple = ()) -> list[SchemaField]:
     """The schema fields of dataclass cls's fields `keys` (all but `skip` when none are named), in cls's
-    order; a field that is itself a dataclass spread as `<name>_<its field>` keys."""
+    order; a field that is itself a dataclass spread as `<name>_<its field>` keys; those in `whole` typed
+    Any (a mapping a plain override replaces whole, as its yaml's oc.create value is, not merges into)."""
     hints = typing.get_type_hints(cls)
     out: list[SchemaField] = []
     for f in dataclasses.fields(cls):
@@ -59,7 +65,7 @@ def fields_of(cls: type, *keys: str, skip: tuple = ()) -> list[SchemaField]:
         if dataclasses.is_dataclass(hints[f.name]):
             out += [(f"{f.name}_{key}", kind, default) for key, kind, default in fields_of(hints[f.name])]
         else:
-            out.append((f.name, omegaconf_type(hints[f.name]), _default(f)))
+            out.append((f.name, Any if f.name in whole else omegaconf_type(hints[f.name]), _default(f)))
     missing = set(keys) - {f.name for f in dataclasses.fields(cls)}
     assert not missing, f"{cls.__name__} has no fields {sorted(missing)}"
     return out
@@ -182,59 +188,10 @@ def _trace_default(key: str, value: Any) -> Any:
     return field(default=value)
 
 
-@dataclass
-class ClusterSchema:
-    replicas: int = 1
-    router: str = "round_robin"
-    router_options: Any = None  # a mapping, replaced whole by a plain override (cluster.router_options={...})
-    decode_router: str = "least_outstanding"
-    prefill_replicas: int = 0
-    decode_replicas: int = 0
-    link: Any = None  # the link group's values
-    backends: list[str] = field(default_factory=list)
-    probe_interval_s: float = 1.0
-    probe_timeout_s: float = 2.0
-    unhealthy_after: int = 2
-    request_timeout_s: Any = 600  # seconds, int or float
-    stall_timeout_s: float = 60.0
-    failure_window_s: float = 30.0
-    metrics_backend_urls: bool = False
-    threads_per_replica: int | None = None
-
-
-@dataclass
-class ReplaySchema:
-    name: str = MISSING
-    concurrency: int | None = None
-    temperature: float = 0.0
-    length_scale: float = 1.0
-    max_prompt_tokens: int | None = None
-    max_output_tokens: int | None = None
-    max_duration_s: float | None = None
-    repeats: int = 1
-    repeat_seeds: list[Any] = field(default_factory=list)  # config keys: experiments.run.repeats names a bad one
-    redraw_workload: bool | None = None
-    repeat: int | None = None
-    warmup_runs: int = 0
-
-
-@dataclass
-class ServerSchema:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_waiting: int = 1024
-    graceful_timeout_s: Any = 30  # seconds, int or float
-    served_model_name: str | None = None
-    log_level: str = "info"
-    access_log: bool = False
-    max_body_bytes: int = 4194304
-    max_prompt_chars: int = 1000000
-    header_timeout_s: Any = 20  # seconds, int or float
-    body_timeout_s: Any = 60  # seconds, int or float
-    tokenizer_threads: int = 2
-    tool_parser: str | None = "hermes"
-    json_max_whitespace: int | None = 16
+# the cluster's, the server's and the replay's own settings (router_options and a link: mappings, replaced whole)
+ClusterSchema = schema("ClusterSchema", fields_of(ClusterConfig, whole=("router_options",)))
+ServerSchema = schema("ServerSchema", fields_of(ServerSettings))
+ReplaySchema = schema("ReplaySchema", fields_of(ReplayOptions))
 
 
 @dataclass

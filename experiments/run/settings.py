@@ -9,11 +9,12 @@ the replay's and the offline workload's are the checked options their drivers re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.replay.options import ReplayOptions
 from experiments.results.metrics import DEFAULT_PERCENTILES, check_slo
 from experiments.run.engine_config import engine_config_from_cfg
 from testbed.cluster.config import ClusterConfig
@@ -28,20 +29,7 @@ ROOT_KEYS = {
     *("slo", "metrics", "progress", "results", "wandb", "structured_outputs"),
     "priority_high_share",  # an experiment's share of urgent requests, read by scheduler=priority's options
 }
-REPLAY_KEYS = {
-    "name": None,  # checked against experiments.replay.driver.MODES
-    "concurrency": "count",
-    "temperature": "non-negative",
-    "length_scale": "positive",
-    "max_prompt_tokens": "count",
-    "max_output_tokens": "count",
-    "max_duration_s": "positive",
-    "repeats": "count",
-    "repeat_seeds": None,  # a list of config keys (experiments.run.repeats checks they name integers)
-    "redraw_workload": "flag",
-    "repeat": "index",
-    "warmup_runs": "index",
-}
+REPLAY_KEYS = {f.name: f.metadata["check"] for f in fields(ReplayOptions)}  # key -> its check (None: below)
 METRICS_KEYS = {"percentiles": None, "kv_access_log": "flag"}  # percentiles: checked in run_settings
 WORKLOAD_KEYS = {"num_prompts": "count", "max_tokens": "count", "temperature": "non-negative"}
 

@@ -17,11 +17,11 @@ class ClusterConfig:
     prefill_replicas: int = 0  # P/D disaggregation: P prefill and D decode replicas (both > 0)
     decode_replicas: int = 0
     link: str | dict | LinkSpec = "ib-400g"  # P/D KV transfer link: its values, or a built-in name
-    backends: list = field(default_factory=list)  # mode=route: URLs of testbed-serve backends
+    backends: list[str] = field(default_factory=list)  # mode=route: URLs of testbed-serve backends
     probe_interval_s: float = 1.0  # mode=route: /health probe period per backend
     probe_timeout_s: float = 2.0
     unhealthy_after: int = 2  # consecutive failed probes (or connection failures) before a backend is skipped
-    request_timeout_s: float = 600.0  # mode=route: a backend reply (or stream chunk) slower than this fails
+    request_timeout_s: int | float = 600.0  # mode=route: a backend reply (or stream chunk) slower than this fails
     stall_timeout_s: float = 60.0  # mode=route: a stream silent this long fails (request_timeout_s: the whole)
     failure_window_s: float = 30.0  # mode=route: unhealthy_after bad answers within this mark a backend unhealthy
     metrics_backend_urls: bool = False  # mode=route: /metrics labels backends by URL (default: by position)

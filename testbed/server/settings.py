@@ -16,14 +16,14 @@ class ServerSettings:
     port: int = 8000
     api_key: str | None = None
     max_waiting: int = 1024  # waiting requests beyond this get 503
-    graceful_timeout_s: float = 30.0  # on SIGTERM: wait this long for in-flight requests, then abort them
+    graceful_timeout_s: int | float = 30.0  # on SIGTERM: wait this long for in-flight requests, then abort them
     served_model_name: str | None = None  # None: the engine's (= the config's) model name
     log_level: str = "info"
     access_log: bool = False
     max_body_bytes: int = 4 * 2**20  # larger request bodies get 413 before they are read
     max_prompt_chars: int = 1_000_000  # longer text prompts (chat: all messages) get 400 before tokenizing
-    header_timeout_s: float = 20.0  # a connection that has not sent a whole request head by then is closed
-    body_timeout_s: float = 60.0  # a request whose body has not fully arrived by then gets 408
+    header_timeout_s: int | float = 20.0  # a connection that has not sent a whole request head by then is closed
+    body_timeout_s: int | float = 60.0  # a request whose body has not fully arrived by then gets 408
     tokenizer_threads: int = 2  # tokenization and chat templates run here, off the event loop
     tool_parser: str | None = "hermes"  # reads tool calls (tool_choice auto); None: auto is refused
     json_max_whitespace: int | None = JSON_MAX_WHITESPACE  # longest whitespace run in constrained JSON

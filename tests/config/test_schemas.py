@@ -181,3 +181,20 @@ def test_trace_schemas_are_the_options_their_loaders_take():
     for name in builtin_names("model"):
         cfg = compose("config", overrides=[f"model={name}"])
         assert OmegaConf.get_type(cfg.model) is SCHEMAS["model"]["default"]
+
+
+def test_cluster_server_and_replay_schemas_are_derived_from_their_settings():
+    """One declaration per key set: the cluster's, the server's and the replay's schema are the fields of the
+    objects run_settings builds or checks (ClusterConfig, ServerSettings, ReplayOptions), in their order."""
+    from experiments.replay.options import ReplayOptions
+    from experiments.run.settings import REPLAY_KEYS
+    from testbed.cluster.config import ClusterConfig
+    from testbed.server.settings import ServerSettings
+
+    for group, source in (("cluster", ClusterConfig), ("server", ServerSettings), ("replay", ReplayOptions)):
+        assert [f.name for f in dataclasses.fields(SCHEMAS[group]["default"])] == [
+            f.name for f in dataclasses.fields(source)
+        ], group
+    assert list(REPLAY_KEYS) == [f.name for f in dataclasses.fields(ReplayOptions)]
+    types = {f.name: f.type for f in dataclasses.fields(SCHEMAS["cluster"]["default"])}
+    assert types["router_options"] is Any and types["backends"] == list[str]  # a mapping replaced whole
