@@ -23,7 +23,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
 MODES = ("kept", "default")
 
 
-def run_once(mode: str, model: str, parallel: int, prompt_len: int, output_len: int, threads: int) -> dict:
+def run_once(
+    mode: str, model: str, parallel: int, prompt_len: int, output_len: int, threads: int, kv_cache_memory_gb: float
+) -> dict:
     """One mode in this process: the timed run's minor faults and seconds."""
     import torch
 
@@ -45,6 +47,7 @@ def run_once(mode: str, model: str, parallel: int, prompt_len: int, output_len: 
             max_num_batched_tokens=512,
             max_model_len=prompt_len + output_len,
             enable_prefix_caching=False,
+            kv_cache_memory_gb=kv_cache_memory_gb,
         )
     )
     for i, (p, o) in enumerate([(prompts[0][:64], 4), (prompts[-1][:64], 4)]):  # warm-up
@@ -71,10 +74,16 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--kv-cache-memory-gb",
+        type=float,
+        default=1.0,
+        help="the engine's KV cache budget (GiB), allocated and faulted in before the timed run",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     a = p.parse_args()
-    shape = (a.model, a.parallel, a.prompt_len, a.output_len, a.threads)
+    shape = (a.model, a.parallel, a.prompt_len, a.output_len, a.threads, a.kv_cache_memory_gb)
     if a.child:
         print(json.dumps(run_once(a.child, *shape)))
         return 0
@@ -85,6 +94,7 @@ def main() -> int:
             cmd = [sys.executable, "-m", "benchmarks.page_faults", "--child", mode, "--model", a.model]
             cmd += ["--parallel", str(a.parallel)]
             cmd += ["--prompt-len", str(a.prompt_len), "--output-len", str(a.output_len), "--threads", str(a.threads)]
+            cmd += ["--kv-cache-memory-gb", str(a.kv_cache_memory_gb)]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
                 raise RuntimeError(f"page_faults: the {mode} run failed:\n{out.stderr[-3000:]}")

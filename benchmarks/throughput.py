@@ -186,6 +186,12 @@ def main() -> int:
         help="KV cache dtype for the engine and llama.cpp alike (default: each its own, the engine the model's "
         "dtype and llama.cpp f16); the row notes name what ran",
     )
+    p.add_argument(
+        "--kv-cache-memory-gb",
+        type=float,
+        default=2.0,
+        help="the engine's KV cache budget on the CPU (GiB), allocated and faulted in at start-up",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
@@ -242,6 +248,7 @@ def main() -> int:
         "prefix_caching": not shape,  # the side-by-side with llama.cpp runs without it, as issue 18 measured
         "llamacpp_version": a.llamacpp_version,
         "kv_cache_dtype": a.kv_cache_dtype,
+        "kv_cache_memory_gb": a.kv_cache_memory_gb,
     }
     threads, thread_timings = (a.threads, {}) if a.threads or device == "cuda" else pick_threads()
     if device == "cuda":

@@ -51,6 +51,7 @@ def test_shape_preset_runs_engine_and_reports_skipped_llamacpp(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks.throughput", "--preset", "cpu-shape", "--model", "tiny"]
     cmd += ["--parallel", "1", "2", "--prompt-len", "24", "--output-len", "5", "--threads", "1"]
     cmd += ["--kv-cache-dtype", "float16", "--out", str(tmp_path), "--name", "shape"]
+    cmd += ["--kv-cache-memory-gb", "0.0625"]  # each engine zeroes its KV budget at start-up (default 2 GiB)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "shape.json").read_text())

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_page_faults_writes_both_modes(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks.page_faults", "--model", "tiny", "--parallel", "2"]
     cmd += ["--prompt-len", "24", "--output-len", "3", "--threads", "1", "--repeats", "2", "--out", str(tmp_path)]
+    cmd += ["--kv-cache-memory-gb", "0.0625"]  # each of the 4 engines zeroes its KV budget (default 1 GiB)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "page_faults.json").read_text())

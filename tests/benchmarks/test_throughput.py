@@ -82,6 +82,8 @@ def test_benchmark_runs_every_system(tmp_path):
         "2",
         "--threads",
         "1",
+        "--kv-cache-memory-gb",  # each engine zeroes its KV budget at start-up (default 2 GiB)
+        "0.0625",
         "--out",
         str(tmp_path),
         "--name",
