@@ -21,7 +21,7 @@ from testbed.executor.sampler import Sampler
 from testbed.executor_kinds import executor_kind
 from testbed.input_processor import InputProcessor
 from testbed.isolation import RunInvalid, error_message
-from testbed.models.build import load_model_spec
+from testbed.models.build import load_model_spec_from
 from testbed.output_processor import OutputProcessor
 from testbed.outputs import RequestOutput
 from testbed.parallel.config import check_tensor_parallel
@@ -50,8 +50,7 @@ class Engine:
         bs = cache.block_size
         if self.backend is not None and self.backend.requires_power_of_two_block_size and bs & (bs - 1):
             raise ValueError(f"kernel={self.kernel} needs a power-of-two block_size, got {bs}")
-        model = config.model
-        model_spec = load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
+        model_spec = load_model_spec_from(config.model)
         # before any block is made
         check_tensor_parallel(config.parallel.tensor_parallel_size, model_spec.arch, model_spec.name)
         self.arch, self.tokenizer, self.model_name, self.max_model_len = (

@@ -128,10 +128,9 @@ class ProcessCluster:
     def __init__(self, engine_config, cluster: ClusterConfig):
         import torch.multiprocessing as mp
 
-        from testbed.models.build import load_model_spec
+        from testbed.models.build import load_model_spec_from
 
-        model = engine_config.model
-        self.model = load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
+        self.model = load_model_spec_from(engine_config.model)
         # what the console summary reads from an engine
         self.description = SimpleNamespace(
             config=engine_config, model_name=self.model.name, device=engine_config.executor.device or "auto"

@@ -6,7 +6,7 @@ never build weights.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,6 +15,9 @@ from testbed.models.arch import ModelArch
 from testbed.models.llama import LlamaForCausalLM
 from testbed.models.registry import resolve_model
 from testbed.models.weights import Slices, draw_random_weights, load_hf_weights
+
+if TYPE_CHECKING:
+    from testbed.config import ModelConfig
 
 
 @dataclass
@@ -53,6 +56,11 @@ def load_model_spec(
 
         tok = AutoTokenizer.from_pretrained(folder)
     return ModelSpec(resolved.name, arch, max_model_len or arch.max_position_embeddings, tok, resolved.weights_folder)
+
+
+def load_model_spec_from(model: "ModelConfig") -> ModelSpec:
+    """The spec of an engine's model group: its name with its hf_config values, tokenizer and context."""
+    return load_model_spec(model.name, model.max_model_len, model.tokenizer, model.hf_config)
 
 
 def build_model(spec: ModelSpec, ops, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaForCausalLM:

@@ -19,7 +19,7 @@ from testbed.executor.build import LOOKAHEAD_BLOCKS
 from testbed.executor.host_buffers import InputBuffers
 from testbed.executor.inputs import stage_inputs
 from testbed.executor.kv_cache import KVBlockCopier, allocate_kv_cache
-from testbed.models.build import load_model_spec
+from testbed.models.build import load_model_spec_from
 from testbed.parallel.comm import TPGroup, env_rank, init_default, make_group
 from testbed.parallel.config import shard_arch
 from testbed.parallel.messages import WorkerStep
@@ -50,9 +50,7 @@ class WorkerShard:
 
     def __init__(self, plan: WorkerPlan, group: TPGroup):
         config = plan.config
-        spec = load_model_spec(
-            config.model.name, config.model.max_model_len, config.model.tokenizer, config.model.hf_config
-        )
+        spec = load_model_spec_from(config.model)
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
         self.device = group.device
         self.model = build_rank_model(spec, get_backend(plan.kernel), dtype, self.device, config.seed, group)
