@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -261,6 +262,12 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
     vocab_size, max_model_len = int(info.get("vocab_size") or 32000), int(info["max_model_len"])
     tables: dict[str, pd.DataFrame] = {}
     run: HttpReplay
+    # what both replays take from the replay group (a request's length caps: sessions here, traces on load)
+    sent: dict[str, Any] = {
+        "api_key": api_key,
+        "concurrency": replay_cfg.get("concurrency"),
+        "temperature": replay_cfg.get("temperature", 0.0) or 0.0,
+    }
     if mode == "sessions" or is_session_trace(trace_cfg):
         check_session_config(cfg, trace_cfg)
         with ServerTokenizer(url, info["id"], api_key) as tokenizer:  # text sources: the served model's ids
@@ -271,26 +278,16 @@ def run_trace_http(cfg, run_dir: str | Path, url: str, api_key: str | None = Non
             url,
             info["id"],
             max_model_len=max_model_len,
-            api_key=api_key,
-            concurrency=replay_cfg.get("concurrency"),
             max_prompt_tokens=positive(replay_cfg.get("max_prompt_tokens"), "replay.max_prompt_tokens", True),
             max_output_tokens=positive(replay_cfg.get("max_output_tokens"), "replay.max_output_tokens", True),
-            temperature=replay_cfg.get("temperature", 0.0) or 0.0,
+            **sent,
         )
         num_specs = len(sessions)
     else:
         trace = load_trace(trace_cfg, vocab_size=vocab_size, max_model_len=max_model_len)
         specs, length_report = apply_length_policy(trace.requests, replay_cfg)
         report = {**trace.report, "replay_length_policy": length_report}
-        run = replay_http(
-            specs,
-            url,
-            info["id"],
-            api_key=api_key,
-            mode=mode,
-            concurrency=replay_cfg.get("concurrency"),
-            temperature=replay_cfg.get("temperature", 0.0) or 0.0,
-        )
+        run = replay_http(specs, url, info["id"], mode=mode, **sent)
         num_specs = len(specs)
     summary = run.summary(slo, percentiles=percentiles)
     if isinstance(run, HttpSessionReplay):
