@@ -63,6 +63,8 @@ CASES = {
     # another eviction order and block size, shared prefixes
     "synthetic-lfu-b8-prefix": PREFIX
     + ["replay=open_loop", "cache.num_blocks=1200", "cache.block_size=8", "cache.eviction=lfu"],
+    # every price scaled (executor.cost_scale: a wrapper around the cost model's run prices)
+    "azure-cost-scale": AZURE + ["replay=open_loop", "executor.cost_scale=1.37"],
     # multi-turn sessions: later turns are sent at times the driver knows (its horizon) and hit the cache
     "sessions": ["trace=sessions", "replay=sessions", "trace.num_sessions=12", "trace.session_rate=2"],
 }
