@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any
+
+from testbed.core.reuse_free_queue import ReuseRankedFreeQueue
 
 GHOSTS = 4  # evicted hashes remembered, per block of the pool
 LIFE_WEIGHT = 0.01  # weight of the latest eviction age in the running mean `life`
@@ -56,24 +57,19 @@ class _Category:
         return math.log(p) - lam * age + math.log(-math.expm1(-lam * life))
 
 
-class WorkloadAwareFreeQueue:
+class WorkloadAwareFreeQueue(ReuseRankedFreeQueue):
+    POP_TICK = 1  # the clock counts blocks handed out
+
     def __init__(self, blocks):
         blocks = list(blocks)
-        self._empty: OrderedDict[int, object] = OrderedDict()  # free blocks caching nothing, freeing order
-        self._queues: dict[object, OrderedDict[int, Any]] = {}  # per category, freeing order (KVCacheBlocks)
-        self._where: dict[int, tuple] = {}  # block id -> (in the empty queue?, category)
-        self._stamp: dict[int, int] = {}  # block id -> clock when freed
         self._ghosts: OrderedDict[int, tuple[object, int]] = OrderedDict()  # hash -> (category, stamp)
         self._max_ghosts = GHOSTS * max(len(blocks), 1)
         self.categories: dict[object, _Category] = {}
-        self.clock = 0  # blocks handed out so far
         self.life = 0.0
-        for block in blocks:
-            self.append(block)
+        super().__init__(blocks)
 
-    @property
-    def num_free(self) -> int:
-        return len(self._where)
+    def block_class(self, block) -> object:
+        return block.request_class
 
     def _category(self, key) -> _Category:
         c = self.categories.get(key)
@@ -81,41 +77,24 @@ class WorkloadAwareFreeQueue:
             c = self.categories[key] = _Category()
         return c
 
-    def _reused(self, key, stamp: int) -> None:
+    def _track(self, key) -> None:
+        self._category(key)
+
+    def _hit(self, key, stamp: int) -> None:
+        """A prefix hit on a free block, or a ghost's hash cached again: a reuse."""
         c = self._category(key)
         c.reuses += 1
         c.reuse_time += self.clock - stamp
-
-    def append(self, block) -> None:
-        bid = block.block_id
-        self._stamp[bid] = self.clock
-        if block.block_hash is None:
-            self._where[bid] = (True, None)
-            self._empty[bid] = block
-            return
-        key = block.request_class
-        self._where[bid] = (False, key)
-        self._queues.setdefault(key, OrderedDict())[bid] = block
-        self._category(key)
-
-    def remove(self, block) -> None:
-        """A prefix hit on a free block: a reuse."""
-        bid = block.block_id
-        if bid not in self._where:
-            raise AssertionError(f"{block} is not in the free queue")
-        empty, key = self._where.pop(bid)
-        stamp = self._stamp.pop(bid)
-        if empty:
-            del self._empty[bid]
-        else:
-            del self._queues[key][bid]
-            self._reused(key, stamp)
 
     def cached(self, block) -> None:
         """The pool cached a block: if this queue evicted its hash, that was a reuse it missed."""
         ghost = self._ghosts.pop(block.block_hash, None)
         if ghost is not None:
-            self._reused(*ghost)
+            self._hit(*ghost)
+
+    def _rank(self, key, block, stamp: int) -> tuple:
+        life = max(self.life, 1.0)
+        return (self.categories[key].log_reuse_prob(self.clock - stamp, life), -block.depth, stamp)
 
     def _evicted(self, block, key, stamp: int) -> None:
         age = self.clock - stamp
@@ -125,34 +104,3 @@ class WorkloadAwareFreeQueue:
         if len(self._ghosts) > self._max_ghosts:
             _, (old_key, _) = self._ghosts.popitem(last=False)
             self._category(old_key).unreused += 1
-
-    def popleft(self):
-        self.clock += 1
-        if self._empty:
-            bid, block = self._empty.popitem(last=False)
-            del self._where[bid], self._stamp[bid]
-            return block
-        best = None
-        life = max(self.life, 1.0)
-        for key, queue in self._queues.items():
-            if not queue:
-                continue
-            bid, block = next(iter(queue.items()))
-            stamp = self._stamp[bid]
-            rank = (self.categories[key].log_reuse_prob(self.clock - stamp, life), -block.depth, stamp)
-            if best is None or rank < best[0]:
-                best = (rank, key, bid)
-        if best is None:
-            raise ValueError("no free blocks")
-        _, key, bid = best
-        block = self._queues[key].pop(bid)
-        del self._where[bid]
-        self._evicted(block, key, self._stamp.pop(bid))
-        return block
-
-    def __iter__(self):
-        blocks = [*self._empty.values()] + [b for q in self._queues.values() for b in q.values()]
-        return iter(sorted(blocks, key=lambda b: self._stamp[b.block_id]))  # type: ignore[attr-defined]
-
-    def __len__(self) -> int:
-        return len(self._where)

@@ -28,7 +28,7 @@ reused, so a class the policy evicts looks less reusable: a feedback loop). `cac
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from testbed.core.reuse_free_queue import ReuseRankedFreeQueue
 
 NUM_BINS = 48
 PRIOR = 0.5  # a class's reuse probability before it has data, weighing as one observation
@@ -58,81 +58,31 @@ class _ClassStats:
         return self.suffix[_bin(age)]
 
 
-class EmpiricalReuseFreeQueue:
-    def __init__(self, blocks):
-        self._empty: OrderedDict[int, object] = OrderedDict()  # free blocks caching nothing, freeing order
-        self._classes: dict[tuple, OrderedDict[int, object]] = {}
-        self._where: dict[int, tuple | None] = {}  # block id -> its class (None: caching nothing)
-        self._stamp: dict[int, int] = {}  # block id -> clock at append
-        self.stats: dict[tuple, _ClassStats] = {}
-        self.clock = 0  # blocks freed so far
-        for block in blocks:
-            self.append(block)
+class EmpiricalReuseFreeQueue(ReuseRankedFreeQueue):
+    APPEND_TICK = 1  # the clock counts blocks freed
 
-    @staticmethod
-    def block_class(block) -> tuple:
+    def __init__(self, blocks):
+        self.stats: dict[tuple, _ClassStats] = {}
+        super().__init__(blocks)
+
+    def block_class(self, block) -> tuple:
         return (block.request_class, block.depth.bit_length(), block.hit_count > 0)
 
-    @property
-    def num_free(self) -> int:
-        return len(self._where)
-
-    def append(self, block) -> None:
-        self.clock += 1
-        bid = block.block_id
-        self._stamp[bid] = self.clock
-        if block.block_hash is None:
-            self._where[bid] = None
-            self._empty[bid] = block
-            return
-        key = self.block_class(block)
-        self._where[bid] = key
-        self._classes.setdefault(key, OrderedDict())[bid] = block
+    def _track(self, key) -> None:
         if key not in self.stats:
             self.stats[key] = _ClassStats()
 
-    def _end(self, key: tuple, bid: int, reused: bool) -> None:
-        stats, b = self.stats[key], _bin(self.clock - self._stamp[bid])
+    def _end(self, key: tuple, stamp: int, reused: bool) -> None:
+        stats, b = self.stats[key], _bin(self.clock - stamp)
         stats.ended[b] += 1
         stats.reused[b] += reused
         stats.dirty = True
 
-    def remove(self, block) -> None:
-        bid = block.block_id
-        if bid not in self._where:
-            raise AssertionError(f"{block} is not in the free queue")
-        key = self._where.pop(bid)
-        if key is None:
-            del self._empty[bid]
-        else:
-            del self._classes[key][bid]
-            self._end(key, bid, reused=True)  # a hit on a free block: a reuse
-        del self._stamp[bid]
+    def _hit(self, key, stamp: int) -> None:
+        self._end(key, stamp, reused=True)  # a hit on a free block: a reuse
 
-    def popleft(self):
-        if self._empty:
-            bid, block = self._empty.popitem(last=False)
-            del self._where[bid], self._stamp[bid]
-            return block
-        best = None
-        for key, queue in self._classes.items():
-            if not queue:
-                continue
-            bid = next(iter(queue))
-            rank = (self.stats[key].probability(self.clock - self._stamp[bid]), self._stamp[bid])
-            if best is None or rank < best[0]:
-                best = (rank, key, bid)
-        if best is None:
-            raise ValueError("no free blocks")
-        _, key, bid = best
-        block = self._classes[key].pop(bid)
-        self._end(key, bid, reused=False)
-        del self._where[bid], self._stamp[bid]
-        return block
+    def _rank(self, key, block, stamp: int) -> tuple:
+        return (self.stats[key].probability(self.clock - stamp), stamp)
 
-    def __iter__(self):
-        blocks = [*self._empty.values()] + [b for q in self._classes.values() for b in q.values()]
-        return iter(sorted(blocks, key=lambda b: self._stamp[b.block_id]))  # type: ignore[attr-defined]
-
-    def __len__(self) -> int:
-        return len(self._where)
+    def _evicted(self, block, key, stamp: int) -> None:
+        self._end(key, stamp, reused=False)
