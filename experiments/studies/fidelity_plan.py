@@ -29,10 +29,8 @@ def trace_overrides(trace: str, num_requests: int) -> list[str]:
         return [
             "trace=synthetic",
             f"trace.num_requests={num_requests}",
-            "~trace.prompt_len",
-            "+trace.prompt_len={dist:uniform,low:32,high:256}",
-            "~trace.output_len",
-            "+trace.output_len={dist:uniform,low:16,high:64}",
+            "trace.prompt_len={dist:uniform,low:32,high:256}",
+            "trace.output_len={dist:uniform,low:16,high:64}",
         ]
     if trace not in SHARED:
         raise ValueError(f"unknown fidelity trace {trace!r}; known: {TRACES}")

@@ -17,10 +17,8 @@ SMALL_TRACE = [
     "trace=synthetic",
     "trace.num_requests=24",
     "trace.rate=2000",  # a burst: preemption happens however fast the machine
-    "~trace.prompt_len",
-    "+trace.prompt_len={dist:uniform,low:8,high:48}",
-    "~trace.output_len",
-    "+trace.output_len={dist:uniform,low:2,high:16}",
+    "trace.prompt_len={dist:uniform,low:8,high:48}",
+    "trace.output_len={dist:uniform,low:2,high:16}",
 ]
 
 
@@ -123,8 +121,7 @@ def test_cost_scale_multiplies_every_step_price(tmp_path, skip_steps):
         "replay.concurrency=4",
         f"executor.skip_steps={str(skip_steps).lower()}",
         *SMALL_TRACE,
-        "~trace.output_len",
-        "+trace.output_len={dist:uniform,low:48,high:64}",  # decode-bound
+        "trace.output_len={dist:uniform,low:48,high:64}",  # decode-bound
     ]
     base = json.loads((run(tmp_path, "x1", *overrides) / "summary.json").read_text())
     slow = json.loads((run(tmp_path, "x2", *overrides, "executor.cost_scale=2") / "summary.json").read_text())
