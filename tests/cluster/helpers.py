@@ -7,10 +7,8 @@ SMALL_TRACE = [
     "trace=synthetic",
     "trace.num_requests=40",
     "trace.rate=200",
-    "~trace.prompt_len",
-    "+trace.prompt_len={dist:uniform,low:8,high:300}",
-    "~trace.output_len",
-    "+trace.output_len={dist:uniform,low:2,high:40}",
+    "trace.prompt_len={dist:uniform,low:8,high:300}",
+    "trace.output_len={dist:uniform,low:2,high:40}",
 ]
 
 

@@ -22,10 +22,8 @@ SYNTH = [
     "trace.num_requests=2000",
     "trace.rate=20",
     "replay=open_loop",
-    "~trace.prompt_len",
-    "+trace.prompt_len={dist: uniform, low: 8, high: 48}",
-    "~trace.output_len",
-    "+trace.output_len={dist: uniform, low: 2, high: 8}",
+    "trace.prompt_len={dist: uniform, low: 8, high: 48}",
+    "trace.output_len={dist: uniform, low: 2, high: 8}",
 ]
 
 

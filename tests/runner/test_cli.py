@@ -18,10 +18,8 @@ SYNTH = [
     "cache.num_blocks=1024",
     "trace=synthetic",
     "trace.num_requests=12",
-    "~trace.prompt_len",
-    "+trace.prompt_len={dist: uniform, low: 8, high: 48}",
-    "~trace.output_len",
-    "+trace.output_len={dist: uniform, low: 2, high: 8}",
+    "trace.prompt_len={dist: uniform, low: 8, high: 48}",
+    "trace.output_len={dist: uniform, low: 2, high: 8}",
 ]
 VLLM_KEYS = [
     "completed",

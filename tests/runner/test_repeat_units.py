@@ -26,8 +26,7 @@ SIM = [
     "trace.num_requests=40",
     "trace.rate=0.5",
     "trace.prompt_len={dist:fixed,value:128}",
-    "~trace.output_len",
-    "+trace.output_len={dist:uniform,low:8,high:64}",
+    "trace.output_len={dist:uniform,low:8,high:64}",
     "replay=open_loop",
 ]
 
