@@ -58,7 +58,14 @@ class DecodeRuns:
         # the paged allocator's decode allocation as _run_planned plans it
         self._planned_allocator = self._paged and all(
             getattr(type(kv), name) is getattr(PagedAllocator, name)
-            for name in ("allocate_slots", "decode_slot", "_set_fast_limit", "_cache_full_blocks", "blocks_needed")
+            for name in (
+                "allocate_slots",
+                "decode_slot",
+                "_set_fast_limit",
+                "_cache_full_blocks",
+                "blocks_needed",
+                "compact_stats_steps",
+            )
         )
         # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
         # the stats object), unless a subclass reports it differently
@@ -200,30 +207,33 @@ class DecodeRuns:
                 return 0
         keys.sort()
         # the run: allocations in step and batch order, then the cache's state after the step
-        allocate, compact = kv.decode_slot, self._compact_stats
-        assert compact is not None  # _plannable
+        allocate, compact = kv.decode_slot, kv.compact_stats_steps
         expected = [max(limit - b + 1, 0) for (limit, _, _), b in zip(state, base)]
         run_tokens, run_times = [token] * steps, ends[:steps]
         for r in running:
             r.output_token_ids.extend(run_tokens)
             r.all_token_ids.extend(run_tokens)
             r.token_times.extend(run_times)
-        computed = sched.running_computed_tokens
-        kv_after = []
-        k, num_keys = 0, len(keys)
-        for j in range(steps):
-            bound = (j + 1) * n
-            while k < num_keys and keys[k] < bound:
-                i = keys[k] - j * n
-                r = running[i]
-                if expected[i] != j:
-                    raise RuntimeError(f"decode run: {r.request_id} allocates at {expected[i]}, not {j}")
-                r.num_computed_tokens = base[i] - 1 + j
-                allocate(r)
-                expected[i] = max(limits[r.request_id] - base[i] + 1, j + 1)
-                k += 1
-            computed += n
-            kv_after.append(compact(computed))
+        computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
+        kv_after: list = []
+        noted = 0  # steps whose cache state is in kv_after
+        for key in keys:
+            j = key // n
+            if j >= steps:
+                break
+            if j > noted:  # the steps before this one: no block taken since the last new block's step
+                kv_after += compact(computed + (noted + 1) * n, n, j - noted)
+                noted = j
+            i = key - j * n
+            r = running[i]
+            if expected[i] != j:
+                raise RuntimeError(f"decode run: {r.request_id} allocates at {expected[i]}, not {j}")
+            r.num_computed_tokens = base[i] - 1 + j
+            allocate(r)
+            limit = limits[r.request_id] - base[i] + 1
+            expected[i] = limit if limit > j else j + 1
+        kv_after += compact(computed + (noted + 1) * n, n, steps - noted)
+        computed += steps * n
         if min(expected) < steps:
             raise RuntimeError("decode run: an allocation the plan did not make")
         # what schedule() takes each step (_run_stepwise: at step 0 and at each allocation)

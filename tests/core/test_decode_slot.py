@@ -65,3 +65,16 @@ def test_decode_slot_equals_allocate_slots(block_size, caching, seed):
     stepped = replay(block_size, caching, False, seed)
     assert stepped == replay(block_size, caching, True, seed)
     assert stepped[7][1] > 0 or not caching or block_size == 16  # evictions happened (the check is not empty)
+
+
+def test_compact_stats_steps_equal_each_step():
+    """A decode run notes the cache's state for the steps between allocations at once
+    (compact_stats_steps): the same tuples as compact_stats at each step's computed tokens."""
+    kv = PagedAllocator(20, 4, True)
+    r = Request("r", list(range(10)), SamplingParams(max_tokens=5))
+    kv.allocate_slots(r, 10)
+    r.num_computed_tokens = 10
+    assert kv.compact_stats_steps(7, 3, 4) == [kv.compact_stats(7 + 3 * k) for k in range(4)]
+    assert kv.compact_stats_steps(7, 3, 0) == []
+    free, used = kv.compact_stats(10)[6], kv.compact_stats(10)[2]
+    assert (free, used) == (17, 3)  # three blocks held: the counters are read, not assumed

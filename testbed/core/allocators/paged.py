@@ -180,22 +180,26 @@ class PagedAllocator(KVAllocator):
         self._set_fast_limit(rid, blocks)
         return new_blocks
 
-    def decode_slot(self, request: Request) -> None:
+    def decode_slot(self, request: Request) -> int:
         """allocate_slots(request, 1) for a decoding request past its fast limit, whose new block, if it
         needs one, is known to be free (a simulated decode run plans that: testbed.sim.decode_runs): the
         same block taken, hashes registered, counters and fast limit, without the general path's checks.
-        Not for a request that may share a block (a fork) or that holds no blocks yet."""
+        Not for a request that may share a block (a fork) or that holds no blocks yet. Returns the number
+        of blocks taken."""
         rid, bs = request.request_id, self.block_size
         blocks = self.req_blocks[rid]
         end = request.num_computed_tokens + 1
         held = len(blocks)
+        taken = 0
         if end > held * bs:
-            blocks.extend(self.pool.get_new_blocks(self.blocks_needed(end) - held))
+            taken = self.blocks_needed(end) - held
+            blocks.extend(self.pool.get_new_blocks(taken))
             self._count_held(request, held, len(blocks))
             self._changed(rid, held)
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, blocks, min(end, len(request.all_token_ids)))
         self._set_fast_limit(rid, blocks)
+        return taken
 
     def slot_limits(self) -> dict[str, int]:
         return self.req_fast_limit
@@ -317,23 +321,33 @@ class PagedAllocator(KVAllocator):
     def compact_stats(self, num_computed_tokens: int) -> tuple[int, ...]:
         """stats_from_counters' fields as a tuple, in KVCacheStats' order (testbed.step_stats.kv_compact):
         what a simulated decode run notes after each step (testbed.sim.decode_runs)."""
-        bs = self.block_size
+        return self.compact_stats_steps(num_computed_tokens, 0, 1)[0]
+
+    def compact_stats_steps(self, num_computed_tokens: int, per_step: int, count: int) -> list[tuple[int, ...]]:
+        """compact_stats(num_computed_tokens + k * per_step) for k in range(count): the cache's state after
+        each of `count` steps that take and give back no block, each computing per_step more tokens (a
+        simulated decode run's steps between new blocks; registering a hash changes none of these)."""
+        bs, num_blocks = self.block_size, self.num_blocks
         free = self.pool.num_free_blocks
-        used_blocks = self.num_blocks - free
-        slack = self.num_held_blocks_total * bs - num_computed_tokens
-        internal = self.num_internal_slots
-        token_slots = used_blocks * bs - slack
-        return (
-            self.num_blocks,
-            bs,
-            used_blocks,
-            token_slots,
-            slack,
-            self.pool.num_cached_free,
-            free,
-            token_slots,
-            slack - internal,
-            internal,
-            0,
-            free * bs,
-        )
+        used_blocks = num_blocks - free
+        held, used = self.num_held_blocks_total * bs, used_blocks * bs
+        internal, cached, free_slots = self.num_internal_slots, self.pool.num_cached_free, free * bs
+        last = num_computed_tokens + count * per_step
+        computed = range(num_computed_tokens, last, per_step) if per_step else [num_computed_tokens] * count
+        return [
+            (
+                num_blocks,
+                bs,
+                used_blocks,
+                used - (held - c),  # token slots: used slots less the empty held ones (slack)
+                held - c,
+                cached,
+                free,
+                used - (held - c),
+                held - c - internal,
+                internal,
+                0,
+                free_slots,
+            )
+            for c in computed
+        ]
