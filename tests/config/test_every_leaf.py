@@ -40,7 +40,7 @@ ALTERNATIVES = {
     "dtype": ["float16"],
     "max_model_len": [256],
     "model.name": ["tiny", "my-model"],
-    "model.hf_config.*": ["qwen3", [7], {"rope_type": "default"}],
+    "model.hf_config.*": ["qwen3", 7, [7], {"rope_type": "default"}],
     "kernel.name": ["torch", "cpu"],
     "device.name": ["my-gpu"],
     "device.torch_device": ["cpu", "cuda"],
@@ -288,6 +288,8 @@ def test_unknown_keys_and_bad_values_are_refused_naming_the_key():
         ("executor.cost_scale=0", "executor.cost_scale"),
         ("+replay.concurency=4", "replay.concurency"),
         ("+max_num_seqs=8", "max_num_seqs"),
+        ("model.hf_config.num_hidden_layers=abc", "model.hf_config: num_hidden_layers"),
+        ("model.hf_config.head_dim=0", "model.hf_config: head_dim"),
     ]:
         with pytest.raises(Exception, match=key.replace(".", r"\.")):
             run_settings(composed("executor=sim", "device=h100-sxm", "model=tiny", override))
