@@ -119,6 +119,13 @@ def test_bad_common_options(fixtures, kw, field):
     assert e.value.field == field
 
 
+def conf_file(name: str):
+    """A trace group's yaml as a plain config: its Hydra defaults list (the typed schema) is composition's."""
+    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg.pop("defaults", None)
+    return cfg
+
+
 def test_dispatch_errors():
     with pytest.raises(TraceError, match="unknown trace format"):
         load_trace({"name": "csv"}, vocab_size=1000, max_model_len=64)
@@ -127,12 +134,12 @@ def test_dispatch_errors():
     with pytest.raises(TraceError, match="integers"):
         load_trace({"name": "synthetic"}, vocab_size=1000.0, max_model_len=64)
     with pytest.raises(TraceError, match="trace.path"):  # burstgpt.yaml leaves path as ???
-        load_trace(OmegaConf.load(CONF / "burstgpt.yaml"), vocab_size=1000, max_model_len=64)
+        load_trace(conf_file("burstgpt"), vocab_size=1000, max_model_len=64)
 
 
 @pytest.mark.parametrize("name", ["azure", "mooncake", "burstgpt", "sharegpt", "synthetic"])
 def test_conf_files_load(name, fixtures, tok, monkeypatch, tmp_path):
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg = conf_file(name)
     assert cfg.name == name
     if OmegaConf.is_missing(cfg, "path"):  # no sample shipped for these two
         cfg.path = str(fixtures / {"burstgpt": "burstgpt_small.csv", "sharegpt": "sharegpt_small.json"}[name])
