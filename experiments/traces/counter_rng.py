@@ -127,9 +127,11 @@ def arrival_times(rng: np.random.Generator, n: int, rate, burstiness: float = 1.
 
 
 def batch_request_tokens(
-    seed: int, indices, lengths, vocab_size: int, low: int, chunk_tokens: int = 1 << 22
+    seed: int, indices, lengths, vocab_size: int, low: int, chunk_tokens: int = 1 << 16
 ) -> list[list[int]]:
-    """request_tokens for many requests in few numpy calls (per-request calls dominate otherwise)."""
+    """request_tokens for many requests in few numpy calls (per-request calls dominate otherwise). Chunks
+    are small so that their arrays (512 KiB) are reused: arrays of millions of tokens take fresh memory each
+    time, which numpy has the kernel back with huge pages (madvise), costly to fault in."""
     out: list[list[int]] = []
     idx, lens = np.asarray(indices, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     j = 0
