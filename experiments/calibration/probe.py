@@ -2,8 +2,8 @@
 
 The probe is a few representative steps of the real engine (prefill chunks, a mixed step, decode steps of
 a small batch), always the same shape, driven back to back; its time is the sum of those step periods,
-the median of `repeats` runs. Timed at the start, middle and end of a calibration (and before each real
-run of the fidelity study), it shows whether the machine's speed moved while a profile was being measured:
+the median of `repeats` runs. Timed at the start, middle and end of a calibration (and before and after
+each real run of the fidelity study), it shows whether the machine's speed moved while a profile was being measured:
 a profile fitted across a drift describes neither speed.
 
 The self-check refuses a calibration whose fit does not describe its own data (median |relative error|

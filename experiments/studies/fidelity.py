@@ -7,8 +7,9 @@ Per trace (experiments/studies/fidelity_plan.py; default the synthetic generator
 conversation trace, both held out from calibration): closed loop at concurrency 1/4/16/64 first, whose
 most concurrent cell measures the real engine's capacity (mean request throughput), then open loop at
 50/80/100/120% of that capacity. Each real run is repeated (--repeats, default 3), every one on a fresh
-engine and preceded by the calibration probe (experiments/calibration/probe.py), so the machine's drift against the
-profile's own probe is reported beside each figure (probe, real, probe, real, ...). Each cost model
+engine and bracketed by the calibration probe (experiments/calibration/probe.py) on that engine, timed just
+before and just after it, so the machine's drift against the profile's own start probe is reported beside
+each figure, before / after / their mean (probe, real, probe; probe, real, probe; ...). Each cost model
 (--cost-models, default profile and operators) simulates each cell once (the simulation is
 deterministic). Written to --out: runs.csv (every run), figures.csv (per cell, cost model and metric: real
 mean, 95% interval, simulated value, error, inside the interval, against the issue's targets), knee.csv,
@@ -18,8 +19,9 @@ follow different work in this process, repeat 0 the previous cell's simulations,
 summary.md, which also names the profile's calibration and its self-check. The SLO is the composed config's
 `slo` (override slo.ttft_ms=...).
 
---drift-matched also simulates every real run at the machine speed its probe measured (executor.cost_scale =
-probe / the mean of the calibration's three probes; experiments/studies/fidelity_drift.py) and writes
+--drift-matched also simulates every real run at the machine speed its probes measured (executor.cost_scale =
+the mean of its probes before and after / the mean of the calibration's three probes, and beside it the
+probe before alone; experiments/studies/fidelity_drift.py) and writes
 drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and drift_matched.md. The same
 tables for a finished study folder: python -m experiments.studies.fidelity_reanalyze FOLDER.
 """
@@ -114,7 +116,12 @@ class Study:
         models = {name: cost_model(name, self.profile, engine) for name in self.args.cost_models}
         with StepShapes(engine) as rec:
             summary = run_trace(cfg, self.args.out / "runs" / cell.name / f"real{repeat}", engine)
-        drift = probe / self.reference_probe - 1
+        after = probe_seconds(engine, self.args.probe_repeats)  # the pair brackets the run: drift during it shows
+        drifts = {
+            "drift": probe / self.reference_probe - 1,
+            "drift_after": after / self.reference_probe - 1,
+            "drift_mean": drift_tables.run_probe(probe, after) / self.reference_probe - 1,
+        }
         for shape, period, busy in zip(rec.shapes, rec.periods(), rec.busy):
             if not busy:  # after an idle step the driver waited for the next arrival: not a step's cost
                 continue
@@ -124,7 +131,7 @@ class Study:
                     {
                         "cell": cell.name,
                         "repeat": repeat,
-                        "drift": drift,
+                        **drifts,
                         "cost_model": name,
                         "kind": kind,
                         "measured_s": period,
@@ -133,35 +140,60 @@ class Study:
                     }
                 )
         self.log(
-            f"{cell.name} real #{repeat}: probe {1e3 * probe:.1f} ms (drift {100 * drift:+.1f}%), "
+            f"{cell.name} real #{repeat}: probe before / after {1e3 * probe:.1f} / {1e3 * after:.1f} ms (drift "
+            f"{100 * drifts['drift']:+.1f}% / {100 * drifts['drift_after']:+.1f}%), "
             f"{summary['request_throughput']:.3g} req/s, median TTFT {summary['median_ttft_ms']:.1f} ms"
         )
-        return {**summary, "side": "real", "repeat": repeat, "cost_model": None, "probe_s": probe, "drift": drift}
+        return {
+            **summary,
+            "side": "real",
+            "repeat": repeat,
+            "cost_model": None,
+            "probe_s": probe,
+            "probe_after_s": after,
+            **drifts,
+        }
 
     def sim(self, cell: Cell, overrides: list[str], name: str) -> dict:
         run_dir = self.args.out / "runs" / cell.name / f"sim-{name}"
         summary = simulate([*self.setup, *overrides, *self.user], self.profile, name, run_dir)
-        return {**summary, "side": "sim", "repeat": None, "cost_model": name, "probe_s": None, "drift": None}
+        return {**summary, "side": "sim", "repeat": None, "cost_model": name}
 
-    def matched(self, cell: Cell, overrides: list[str], name: str, real: dict) -> dict:
-        """The simulation of one real run at the speed its probe measured (--drift-matched)."""
-        scale = real["probe_s"] / self.matching_probe
-        run_dir = self.args.out / "runs" / cell.name / f"sim-{name}-matched{real['repeat']}"
-        summary = simulate([*self.setup, *overrides, *self.user], self.profile, name, run_dir, scale)
-        return {
-            **summary,
-            "side": drift_tables.MATCHED,
-            "repeat": real["repeat"],
-            "cost_model": name,
-            "probe_s": real["probe_s"],
-            "drift": real["drift"],
-            "cost_scale": scale,
+    def matched(self, cell: Cell, overrides: list[str], name: str, real: dict) -> list[dict]:
+        """The simulations of one real run at the speed its probes measured (--drift-matched): at the run probe
+        (the mean of the probes before and after it; fidelity_drift.run_probe) and, to compare, at the probe
+        before it alone."""
+        reference = self.matching_probe
+        if reference is None:  # set by the first real run at the latest
+            raise RuntimeError("drift matching before any real run")
+        scales = {
+            drift_tables.MATCHED: drift_tables.run_probe(real["probe_s"], real.get("probe_after_s")) / reference,
+            drift_tables.MATCHED_BEFORE: real["probe_s"] / reference,
         }
+        rows, done = [], {}
+        for side, scale in scales.items():
+            if scale not in done:  # the same scale twice (no probe after): one simulation
+                suffix = "matched" if side == drift_tables.MATCHED else "matched-before"
+                run_dir = self.args.out / "runs" / cell.name / f"sim-{name}-{suffix}{real['repeat']}"
+                done[scale] = simulate([*self.setup, *overrides, *self.user], self.profile, name, run_dir, scale)
+            rows.append(
+                {
+                    **done[scale],
+                    "side": side,
+                    "repeat": real["repeat"],
+                    "cost_model": name,
+                    "probe_s": real["probe_s"],
+                    "probe_after_s": real.get("probe_after_s"),
+                    "drift": real["drift"],
+                    "cost_scale": scale,
+                }
+            )
+        return rows
 
     def sims(self, cell: Cell, overrides: list[str], real: list[dict]) -> list[dict]:
         rows = [self.sim(cell, overrides, name) for name in self.args.cost_models]
         if self.args.drift_matched:
-            rows += [self.matched(cell, overrides, name, r) for r in real for name in self.args.cost_models]
+            rows += [m for r in real for name in self.args.cost_models for m in self.matched(cell, overrides, name, r)]
         return rows
 
     def cell(self, cell: Cell, overrides: list[str], offered_rate: float | None) -> list[dict]:
@@ -176,7 +208,10 @@ class Study:
             "repeat",
             "cost_model",
             "probe_s",
+            "probe_after_s",
             "drift",
+            "drift_after",
+            "drift_mean",
             "cost_scale",
             *report.METRICS,
             "completed",
@@ -293,8 +328,9 @@ def parse(argv):
     p.add_argument(
         "--drift-matched",
         action="store_true",
-        help="also simulate each real run with executor.cost_scale = its probe / the calibration's mean probe "
-        "(the machine's measured speed held fixed): drift_matched.md and its tables",
+        help="also simulate each real run with executor.cost_scale = the mean of its probes before and after / "
+        "the calibration's mean probe (the machine's measured speed held fixed), and at its probe before alone: "
+        "drift_matched.md and its tables",
     )
     args, overrides = p.parse_known_args(argv)
     if args.repeats < 2:

@@ -1,20 +1,28 @@
 """Drift-matched fidelity: the simulator judged at the machine speed each real run measured.
 
 On a shared machine the real engine's speed moves by 10-15% within minutes, so a simulated figure priced at
-the calibration's speed differs from a real run's by model error plus drift. Each real run's probe
-(experiments/calibration/probe.py, timed just before it) says how fast the machine was; the drift-matched
-simulation of that run prices every step at cost_scale = probe / reference, where the reference is the
-MEAN of the calibration's start, middle and end probes: the profile is fitted to samples taken across the
-whole calibration, so it describes the machine's average speed over it, not its speed at the start.
+the calibration's speed differs from a real run's by model error plus drift. Each real run is bracketed by
+the probe (experiments/calibration/probe.py, timed on its engine just before and just after it), which says
+how fast the machine was; the drift-matched simulation of that run prices every step at cost_scale =
+run probe / reference. The reference is the MEAN of the calibration's start, middle and end probes: the
+profile is fitted to samples taken across the whole calibration, so it describes the machine's average speed
+over it, not its speed at the start. The run probe is the MEAN of the probes before and after the run
+(`run_probe`; the probe before alone where no probe after was timed, as in studies before it existed): the
+run's steps lie between the two, so if the speed moves steadily between them the run's mean step time moves
+with their mean, and averaging two ~1 s probes halves the variance of the probe's own noise, which flattens
+the probe's slope against the runs' speed (regression dilution). The matching on the probe before alone is
+kept beside it (`sim_matched_before`, columns `*_before`) to compare the two choices.
 
 Tables (pure functions of the study's runs.csv and step_residuals.csv rows):
   drift_matched   per cell, cost model and metric: the real mean and 95% interval, the raw simulated figure
                   (scale 1) and the drift-matched one (the mean of the per-run matched simulations), each
-                  with its error against the real mean and whether it lies inside the interval, the real
-                  interval's half-width against the issue's target, and a verdict
+                  with its error against the real mean and whether it lies inside the interval, the same for
+                  the matching on the probe before alone, the real interval's half-width against the issue's
+                  target, and a verdict
   knee_matched    the capacity knee of the matched simulations, per real repeat, against the real knee
-  probe_gauge     per real run, its median step residual against its probe ratio: a faithful gauge makes
-                  (1 + residual) x ratio = 1, i.e. log(1 + residual) against log(ratio) a slope of -1
+  probe_gauge     per real run, its median step residual against its probe ratio, for the probe before, after
+                  and their mean: a faithful gauge makes (1 + residual) x ratio = 1, i.e. log(1 + residual)
+                  against log(ratio) a slope of -1
 The re-analysis also simulates each run at the step speed the run itself measured (`sim_step_matched`:
 cost_scale = 1 / (1 + the run's median step residual)): an oracle, not a prediction, that tells a miss the
 probe failed to gauge (the speed level) from one the cost model's shape or the queue makes.
@@ -35,6 +43,7 @@ from experiments.statistics.intervals import t_interval
 from experiments.studies.fidelity_report import KNEE_TARGET, METRICS, TARGETS, knee, step_kind
 
 MATCHED = "sim_matched"  # runs.csv side of a drift-matched simulation (its repeat: the real run it matches)
+MATCHED_BEFORE = "sim_matched_before"  # the same, matched to the probe before the run alone
 STEP_MATCHED = "sim_step_matched"  # at the run's own median step speed (the oracle)
 VERDICTS = {
     "met": "raw error within the target",
@@ -51,11 +60,22 @@ def reference_probe(profile: dict) -> float | None:
     return float(np.mean(probes)) if probes else None
 
 
+def run_probe(before: float, after: float | None) -> float:
+    """The probe time a run's matched simulation uses: the mean of the probes before and after it, or the
+    probe before alone where none was timed after (the module's docstring says why)."""
+    return (before + after) / 2 if after is not None and math.isfinite(after) else before
+
+
 def cost_scales(runs: pd.DataFrame, reference: float) -> pd.DataFrame:
-    """The real runs with the cost_scale their matched simulation runs at (probe / reference)."""
+    """The real runs with the cost_scale their matched simulations run at: `cost_scale` (run_probe /
+    reference), `cost_scale_before` (the probe before / reference) and `cost_scale_after` (NaN if none)."""
     real = runs[runs["side"] == "real"].copy()
     real["repeat"] = real["repeat"].astype(int)
-    real["cost_scale"] = real["probe_s"] / reference
+    after = real["probe_after_s"].astype(float) if "probe_after_s" in real else pd.Series(math.nan, index=real.index)
+    real["probe_after_s"] = after
+    real["cost_scale"] = [run_probe(b, a) / reference for b, a in zip(real["probe_s"], after)]
+    real["cost_scale_before"] = real["probe_s"] / reference
+    real["cost_scale_after"] = after / reference
     return real
 
 
@@ -95,10 +115,12 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
     for cell, real in real_all.groupby("cell", sort=False):
         sims = runs[(runs["side"] == "sim") & (runs["cell"] == cell)]
         matched_all = runs[(runs["side"] == MATCHED) & (runs["cell"] == cell)]
+        before_all = runs[(runs["side"] == MATCHED_BEFORE) & (runs["cell"] == cell)]
         oracle_all = runs[(runs["side"] == STEP_MATCHED) & (runs["cell"] == cell)]
         for cost_model, sim in sims.groupby("cost_model", sort=False):
             matched = matched_all[matched_all["cost_model"] == cost_model]
             oracle = oracle_all[oracle_all["cost_model"] == cost_model]
+            before = before_all[before_all["cost_model"] == cost_model]
             if not len(matched):
                 continue
             for metric in METRICS:
@@ -110,6 +132,7 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
                 raw = float(sim[metric].iloc[0])
                 value = float(matched[metric].astype(float).mean())
                 steps = float(oracle[metric].astype(float).mean()) if len(oracle) else math.nan
+                first = float(before[metric].astype(float).mean()) if len(before) else math.nan
                 spread = bool(target is not None and math.isfinite(half) and half > target)
                 raw_err, matched_err, steps_err = _error(raw, mean), _error(value, mean), _error(steps, mean)
                 inside = _inside(value, lo, hi)
@@ -133,6 +156,10 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
                         "matched_inside": inside,
                         "matched_runs": len(matched),
                         "cost_scale_mean": float(matched["cost_scale"].mean()),
+                        "sim_matched_before": first,
+                        "matched_before_error": _error(first, mean),
+                        "matched_before_inside": _inside(first, lo, hi),
+                        "cost_scale_before_mean": float(before["cost_scale"].mean()) if len(before) else math.nan,
                         "sim_step_matched": steps,
                         "step_matched_error": steps_err,
                         "step_matched_inside": _inside(steps, lo, hi),
@@ -190,8 +217,10 @@ def knee_matched(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
 
 def probe_gauge_runs(steps: pd.DataFrame, runs: pd.DataFrame, reference: float) -> pd.DataFrame:
     """Per cost model and real run: its median step residual (all busy steps, and pure decode), its probe
-    ratio, and the residual once the price is matched to that ratio."""
-    real = cost_scales(runs, reference)[["cell", "repeat", "probe_s", "cost_scale"]]
+    ratios (`probe_ratio`: the run probe the matching uses; `_before`, `_after`: each probe alone), and the
+    residual once the price is matched to `probe_ratio`."""
+    ratios = ["cost_scale", "cost_scale_before", "cost_scale_after"]
+    real = cost_scales(runs, reference)[["cell", "repeat", "probe_s", "probe_after_s", *ratios]]
     steps = steps.assign(repeat=steps["repeat"].astype(int))
     if "kind" not in steps:
         steps = steps.assign(kind=[step_kind(p, d) for p, d in zip(steps["prefill_seqs"], steps["decode_seqs"])])
@@ -211,43 +240,60 @@ def probe_gauge_runs(steps: pd.DataFrame, runs: pd.DataFrame, reference: float) 
             }
         )
     out = pd.DataFrame(rows).merge(real, on=["cell", "repeat"], how="left")
-    out["probe_ratio"] = out.pop("cost_scale")
+    out = out.rename(columns=dict(zip(ratios, ["probe_ratio", "probe_ratio_before", "probe_ratio_after"])))
     out["matched_median_residual"] = (1 + out["median_residual"]) * out["probe_ratio"] - 1
     return out
 
 
+# probe_gauge's rows: which probe ratio gauges the runs (the run probe = the before/after mean where timed)
+GAUGES = {"before": "probe_ratio_before", "after": "probe_ratio_after", "mean": "probe_ratio"}
+
+
 def probe_gauge(per_run: pd.DataFrame) -> pd.DataFrame:
-    """Per cost model: how well the probe ratio predicts a run's step residual. Pearson r and the slope of
+    """Per cost model and probe (before the run, after it, their mean; only `before` where no probe after
+    was timed): how well the probe ratio predicts a run's step residual. Pearson r and the slope of
     log(1 + residual) on log(probe ratio) (a faithful gauge: r near -1, slope -1), the median residual
-    raw and matched, over the real runs."""
+    raw and matched to that probe, over the real runs."""
     from scipy import stats
 
     rows = []
-    for cost_model, g in per_run.groupby("cost_model", sort=False):
-        g = g[np.isfinite(g["probe_ratio"]) & np.isfinite(g["median_residual"])]
-        x, y = np.log(g["probe_ratio"].to_numpy()), np.log1p(g["median_residual"].to_numpy())
-        fit = stats.linregress(x, y) if len(g) >= 3 and np.ptp(x) > 0 else None
-        rows.append(
-            {
-                "cost_model": cost_model,
-                "runs": len(g),
-                "pearson_r": float(fit.rvalue) if fit else math.nan,
-                "slope": float(fit.slope) if fit else math.nan,
-                "slope_stderr": float(fit.stderr) if fit else math.nan,
-                "p_value": float(fit.pvalue) if fit else math.nan,
-                "probe_ratio_min": float(g["probe_ratio"].min()),
-                "probe_ratio_max": float(g["probe_ratio"].max()),
-                "median_residual_raw": float(g["median_residual"].median()),
-                "median_residual_matched": float(g["matched_median_residual"].median()),
-                "median_abs_residual_raw": float(g["median_residual"].abs().median()),
-                "median_abs_residual_matched": float(g["matched_median_residual"].abs().median()),
-            }
-        )
+    timed_after = "probe_ratio_after" in per_run and bool(np.isfinite(per_run["probe_ratio_after"]).any())
+    for cost_model, runs in per_run.groupby("cost_model", sort=False):
+        for probe, column in GAUGES.items():
+            if probe != "before" and not timed_after:
+                continue
+            g = runs[np.isfinite(runs[column]) & np.isfinite(runs["median_residual"])]
+            x, y = np.log(g[column].to_numpy()), np.log1p(g["median_residual"].to_numpy())
+            fit = stats.linregress(x, y) if len(g) >= 3 and np.ptp(x) > 0 else None
+            matched = (1 + g["median_residual"]) * g[column] - 1
+            rows.append(
+                {
+                    "cost_model": cost_model,
+                    "probe": probe,
+                    "runs": len(g),
+                    "pearson_r": float(fit.rvalue) if fit else math.nan,
+                    "slope": float(fit.slope) if fit else math.nan,
+                    "slope_stderr": float(fit.stderr) if fit else math.nan,
+                    "p_value": float(fit.pvalue) if fit else math.nan,
+                    "probe_ratio_min": float(g[column].min()),
+                    "probe_ratio_max": float(g[column].max()),
+                    "median_residual_raw": float(g["median_residual"].median()),
+                    "median_residual_matched": float(matched.median()),
+                    "median_abs_residual_raw": float(g["median_residual"].abs().median()),
+                    "median_abs_residual_matched": float(matched.abs().median()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def _pct(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def _both_probes(row) -> bool:
+    """The matching used a probe after the run as well (its scale differs from the probe before's alone)."""
+    before = row.get("cost_scale_before_mean", math.nan)
+    return bool(math.isfinite(before) and not math.isclose(before, row["cost_scale_mean"], rel_tol=1e-12))
 
 
 def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, header: str) -> str:
@@ -259,10 +305,10 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
     lines = [header, ""]
     lines += [
         "Each entry: raw error -> drift-matched error against the real mean (SIMULATED vs real); `in` = the "
-        "matched figure lies inside the real 95% interval; `[s ...]` = the error at each run's own step speed "
-        "(the oracle, when simulated); `(h)` = the real interval's half-width; verdict "
-        + ", ".join(f"{marks[k]} = {v}" for k, v in VERDICTS.items())
-        + ".",
+        "matched figure lies inside the real 95% interval; `{b ...}` = the error matched to the probe before "
+        "each run alone (shown where a probe after the run was timed: the matching then uses the mean of both); "
+        "`[s ...]` = the error at each run's own step speed (the oracle, when simulated); `(h)` = the real "
+        "interval's half-width; verdict " + ", ".join(f"{marks[k]} = {v}" for k, v in VERDICTS.items()) + ".",
         "",
     ]
     targeted = [m for m in METRICS if m in TARGETS]
@@ -275,9 +321,10 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
             for m in targeted:
                 r = by.loc[m]
                 oracle = f" [s {_pct(r['step_matched_error'])}]" if math.isfinite(r["step_matched_error"]) else ""
+                first = f" {{b {_pct(r['matched_before_error'])}}}" if _both_probes(r) else ""
                 row.append(
                     f"{_pct(r['raw_error'])} -> {_pct(r['matched_error'])}{' in' if r['matched_inside'] else ''}"
-                    f"{oracle} (h {100 * r['real_ci_rel_halfwidth']:.0f}%) {marks[r['verdict']]}"
+                    f"{first}{oracle} (h {100 * r['real_ci_rel_halfwidth']:.0f}%) {marks[r['verdict']]}"
                 )
             thr = by.loc["request_throughput"]
             row.append(
@@ -324,11 +371,13 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
         lines += [
             "### Is the probe a faithful gauge? Per real run: median step residual vs probe / reference",
             "",
-            "Faithful: Pearson r near -1 and slope -1 (log(1 + residual) on log(ratio)); matched residual near 0.",
+            "Faithful: Pearson r near -1 and slope -1 (log(1 + residual) on log(ratio)); matched residual near 0. "
+            "Probe: timed before the run, after it, or their mean (the matching's choice where both were timed).",
             "",
             markdown_table(
                 [
                     "cost model",
+                    "probe",
                     "runs",
                     "Pearson r",
                     "slope (s.e.)",
@@ -341,6 +390,7 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
                 [
                     [
                         r.cost_model,
+                        getattr(r, "probe", "before"),
                         r.runs,
                         f"{r.pearson_r:+.2f}",
                         f"{r.slope:+.2f} ({r.slope_stderr:.2f})",

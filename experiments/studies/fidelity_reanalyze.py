@@ -7,9 +7,11 @@ simulation config (runs/<cell>/sim-<model>/config.yaml: its request count and ar
 every cell again with the code as it is now: once at cost_scale 1 (the raw figure, so raw and matched differ
 by the scale alone; `resim_vs_recorded` in drift_runs.csv says how far it is from the study's own
 simulation) and once per real run at cost_scale = that run's probe / the mean of the calibration's three
-probes, and once at the run's own median step speed (the oracle, fidelity_drift.STEP_MATCHED:
-cost_scale = 1 / (1 + that run's median step residual in step_residuals.csv)). Simulations are
-deterministic and run on a virtual clock: the machine's load does not enter.
+probes (the run probe: the mean of its probes before and after, fidelity_drift.run_probe; beside it the probe
+before alone, the same simulation where no probe after was timed), and once at the run's own median step
+speed (the oracle, fidelity_drift.STEP_MATCHED: cost_scale = 1 / (1 + that run's median step residual in
+step_residuals.csv)). Simulations are deterministic and run on a virtual clock: the machine's load does not
+enter.
 Writes drift_runs.csv, drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and
 drift_matched.md into the folder (their runs in a temporary folder unless --keep-runs).
 """
@@ -81,23 +83,28 @@ def reanalyze(
             same = {m: base[m] / float(study[m].iloc[0]) - 1 if len(study) else None for m in METRICS}
             out = [{**base, "side": "sim", "cost_model": name, "resim_vs_recorded": json.dumps(same)}]
             for r in group.itertuples():
-                run_dir = runs_dir / cell / f"sim-{name}-matched{r.repeat}"
-                summary = simulate(overrides, profile, name, run_dir, r.cost_scale)
-                out.append(
-                    {**summary, "side": drift.MATCHED, "cost_model": name, "repeat": r.repeat,
-                     "probe_s": r.probe_s, "drift": r.drift, "cost_scale": r.cost_scale}
-                )  # fmt: skip
+                done: dict[float, dict] = {}  # no probe after the run: both matchings are the same simulation
+                for side, scale in ((drift.MATCHED, r.cost_scale), (drift.MATCHED_BEFORE, r.cost_scale_before)):
+                    if scale not in done:
+                        suffix = "matched" if side == drift.MATCHED else "matched-before"
+                        run_dir = runs_dir / cell / f"sim-{name}-{suffix}{r.repeat}"
+                        done[scale] = simulate(overrides, profile, name, run_dir, scale)
+                    out.append(
+                        {**done[scale], "side": side, "cost_model": name, "repeat": r.repeat, "probe_s": r.probe_s,
+                         "probe_after_s": r.probe_after_s, "drift": r.drift, "cost_scale": scale}
+                    )  # fmt: skip
                 if (name, cell, r.repeat) in oracle.index:
                     scale = float(oracle.loc[(name, cell, r.repeat)])
                     summary = simulate(overrides, profile, name, runs_dir / cell / f"sim-{name}-steps{r.repeat}", scale)
                     out.append(
                         {**summary, "side": drift.STEP_MATCHED, "cost_model": name, "repeat": r.repeat,
-                         "probe_s": r.probe_s, "drift": r.drift, "cost_scale": scale}
+                         "probe_s": r.probe_s, "probe_after_s": r.probe_after_s, "drift": r.drift, "cost_scale": scale}
                     )  # fmt: skip
-            keep = ["side", "cost_model", "repeat", "probe_s", "drift", "cost_scale", *METRICS, "completed", "duration"]
+            keep = ["side", "cost_model", "repeat", "probe_s", "probe_after_s", "drift", "cost_scale", *METRICS,
+                    "completed", "duration"]  # fmt: skip
             ident = {k: first[k] for k in ("cell", "trace", "mode", "level", "offered_rate")}
             rows.append(pd.DataFrame([{**ident, **{k: o.get(k) for k in [*keep, "resim_vs_recorded"]}} for o in out]))
-            print(f"{cell} {name}: raw + {len(out) - 1} matched simulations", file=sys.stderr)
+            print(f"{cell} {name}: raw + {len(out) - 1} matched simulation rows", file=sys.stderr)
     return pd.concat(rows, ignore_index=True)
 
 
@@ -124,7 +131,8 @@ def main(argv=None) -> Path:
         f"Drift-matched re-analysis of `{folder.name}` (`python -m experiments.studies.fidelity_reanalyze "
         f"{folder}{f' --profile {profile}' if args.profile else ''}`): profile `{profile}`, {calibration_line(meta)}. "
         f"Reference probe (mean of the calibration's three) {1e3 * reference:.0f} ms; each real "
-        "run simulated again at cost_scale = its probe / that reference, and (the oracle, `[s ...]`) at its own "
+        "run simulated again at cost_scale = its run probe (the mean of its probes before and after; before alone "
+        "where none was timed after) / that reference, and (the oracle, `[s ...]`) at its own "
         "median step speed. Raw figures are re-simulated with "
         "today's code at cost_scale 1 (drift_runs.csv `resim_vs_recorded`: against the study's own simulation)."
     )

@@ -49,7 +49,7 @@ def figures(runs: pd.DataFrame) -> pd.DataFrame:
     real = runs[runs["side"] == "real"]
     for cell, group in real.groupby("cell", sort=False):
         sims = runs[(runs["side"] == "sim") & (runs["cell"] == cell)]
-        drift = group["drift"].to_numpy(dtype=float)
+        drift = probe_drifts(group)
         for metric in METRICS:
             values = group[metric].to_numpy(dtype=float)
             mean = float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
@@ -75,11 +75,29 @@ def figures(runs: pd.DataFrame) -> pd.DataFrame:
                         "meets_target": bool(abs(err) <= target) if target is not None else None,
                         # the real repeats' own spread is wider than the target: the target cannot be judged
                         "spread_exceeds_target": bool((hi - lo) / 2 / mean > target) if target and mean else None,
-                        "probe_drift_mean": float(np.nanmean(drift)) if len(drift) else math.nan,
-                        "probe_drift_max": float(np.nanmax(np.abs(drift))) if len(drift) else math.nan,
+                        **drift,
                     }
                 )
     return pd.DataFrame(rows, columns=list(rows[0]) if rows else ["cell", "cost_model", "metric"])
+
+
+def probe_drifts(real: pd.DataFrame) -> dict:
+    """A cell's probe drift against the calibration's start probe, each the mean over its real repeats: timed
+    before the runs, after them (NaN where none was timed), of the run probe (the mean of the two; the probe
+    before alone where none was timed after: what drift matching uses), and the largest |drift| of any probe."""
+
+    def mean(column: str) -> float:
+        values = real[column].to_numpy(dtype=float) if column in real else np.array([])
+        return float(np.mean(values[np.isfinite(values)])) if np.isfinite(values).any() else math.nan
+
+    every = np.concatenate([real[c].to_numpy(dtype=float) for c in ("drift", "drift_after") if c in real])
+    every = every[np.isfinite(every)]
+    return {
+        "probe_drift_before": mean("drift"),
+        "probe_drift_after": mean("drift_after"),
+        "probe_drift_mean": mean("drift_mean" if "drift_mean" in real else "drift"),
+        "probe_drift_max": float(np.max(np.abs(every))) if len(every) else math.nan,
+    }
 
 
 def knee(rates, attainments, attainment: float = 0.9) -> tuple[float, bool]:
@@ -161,10 +179,16 @@ def residuals_by_repeat(steps: pd.DataFrame) -> pd.DataFrame:
                 "repeat": int(repeat),
                 "steps": len(g),
                 "median_rel_error": float(err.median()),
-                "mean_probe_drift": float(g.drop_duplicates("cell")["drift"].mean()) if "drift" in g else math.nan,
+                "mean_probe_drift": _cell_mean(g, "drift"),
+                "mean_probe_drift_after": _cell_mean(g, "drift_after"),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _cell_mean(steps: pd.DataFrame, column: str) -> float:
+    """The mean of a per-run column over the runs these steps came from (one repeat: one run per cell)."""
+    return float(steps.drop_duplicates("cell")[column].mean()) if column in steps else math.nan
 
 
 def calibration_line(profile: dict) -> str:
@@ -218,8 +242,9 @@ def summary_markdown(
                 mark = " in" if r["inside_real_ci"] else ""
                 mark += "*" if r["spread_exceeds_target"] else ""
                 cells.append(_pct(r["rel_error"]) + mark)
-            body.append([cell, *cells, _pct(by["probe_drift_mean"].iloc[0])])
-        lines += [markdown_table(["cell", *shown, "probe drift"], body), ""]
+            drift = " / ".join(_pct(by[f"probe_drift_{k}"].iloc[0]) for k in ("before", "after", "mean"))
+            body.append([cell, *cells, drift])
+        lines += [markdown_table(["cell", *shown, "probe drift before / after / mean"], body), ""]
     real = figs.drop_duplicates(["cell", "metric"])
     lines += ["### Real figures: mean [95% interval] over repeats", ""] if len(real) else []
     body = []
@@ -274,7 +299,10 @@ def summary_markdown(
             "",
         ]
     if by_repeat is not None and len(by_repeat):
-        lines += ["### Step-time residuals per real repeat: median (steps), mean probe drift of its runs", ""]
+        lines += [
+            "### Step-time residuals per real repeat: median (steps), mean probe drift of its runs before / after",
+            "",
+        ]
         repeats = sorted(by_repeat["repeat"].unique())
         body = []
         for (cost_model, kind), g in by_repeat.groupby(["cost_model", "kind"]):
@@ -283,7 +311,7 @@ def summary_markdown(
                 [cost_model, kind]
                 + [
                     f"{_pct(by.loc[k, 'median_rel_error'])} ({by.loc[k, 'steps']}), drift "
-                    f"{_pct(by.loc[k, 'mean_probe_drift'])}"
+                    f"{_pct(by.loc[k, 'mean_probe_drift'])} / {_pct(by.loc[k, 'mean_probe_drift_after'])}"
                     if k in by.index
                     else "n/a"
                     for k in repeats

@@ -11,10 +11,14 @@ import pytest
 from experiments.studies import fidelity, fidelity_reanalyze
 from experiments.studies.fidelity_drift import (
     MATCHED,
+    MATCHED_BEFORE,
     STEP_MATCHED,
+    cost_scales,
     drift_matched,
+    markdown,
     probe_gauge,
     probe_gauge_runs,
+    run_probe,
     step_scales,
 )
 from experiments.studies.fidelity_report import METRICS, knee, residuals_by_repeat
@@ -131,6 +135,61 @@ def test_drift_matching_recovers_a_planted_machine_speed():
     assert tpot["verdict"] == "speed"
 
 
+def test_matching_on_the_probes_before_and_after_a_run_recovers_a_speed_that_moved_during_it():
+    """Each run's steps ran at the mean of its two probes' speeds (the machine drifted steadily from one to the
+    other): matching on that mean hits the real figures and gauges the runs with r = -1 and slope -1; matching
+    on the probe before alone does neither. A study without probes after (before this existed) matches on
+    the probe before, and gauges with it alone."""
+    reference, probes = 1.0, {0: (1.3, 1.1), 1: (1.0, 1.2), 2: (1.15, 0.85)}  # runs at 1.2, 1.1, 1.0
+    speed = {r: (b + a) / 2 for r, (b, a) in probes.items()}
+    base = {m: 100.0 for m in METRICS}
+    ident = {"cell": "c", "trace": "synthetic", "mode": "closed", "level": 4.0, "offered_rate": None}
+    rows = [
+        {**ident, **{m: v * speed[r] for m, v in base.items()}, "side": "real", "repeat": r, "probe_s": b,
+         "probe_after_s": a}
+        for r, (b, a) in probes.items()
+    ]  # fmt: skip
+    scales = cost_scales(pd.DataFrame(rows), reference).set_index("repeat")
+    assert scales["cost_scale"].to_dict() == pytest.approx(speed)
+    assert scales["cost_scale_before"].to_dict() == pytest.approx({r: b for r, (b, _) in probes.items()})
+    assert scales["cost_scale_after"].to_dict() == pytest.approx({r: a for r, (_, a) in probes.items()})
+    assert run_probe(1.3, 1.1) == pytest.approx(1.2) and run_probe(1.3, math.nan) == run_probe(1.3, None) == 1.3
+    rows.append({**ident, **base, "side": "sim", "cost_model": "profile"})
+    for side, scale in ((MATCHED, speed), (MATCHED_BEFORE, {r: b for r, (b, _) in probes.items()})):
+        rows += [
+            {**ident, **{m: v * scale[r] for m, v in base.items()}, "side": side, "cost_model": "profile",
+             "repeat": r, "cost_scale": scale[r]}
+            for r in probes
+        ]  # fmt: skip
+    table = drift_matched(pd.DataFrame(rows))
+    tpot = table.set_index("metric").loc["median_tpot_ms"]
+    assert tpot["matched_error"] == pytest.approx(0, abs=1e-12) and tpot["verdict"] == "drift"
+    assert tpot["matched_before_error"] == pytest.approx((1.3 + 1.0 + 1.15) / 3 / 1.1 - 1)
+    assert tpot["cost_scale_before_mean"] == pytest.approx(1.15) and tpot["cost_scale_mean"] == pytest.approx(1.1)
+    steps = pd.DataFrame(
+        [
+            {"cell": "c", "repeat": r, "cost_model": "profile", "kind": "decode", "predicted_s": 0.01 * (1 + i),
+             "measured_s": 0.01 * (1 + i) * speed[r]}
+            for r in probes
+            for i in range(5)
+        ]
+    )  # fmt: skip
+    per_run = probe_gauge_runs(steps, pd.DataFrame(rows), reference)
+    assert per_run["matched_median_residual"].abs().max() < 1e-12
+    gauge = probe_gauge(per_run).set_index("probe")
+    assert list(gauge.index) == ["before", "after", "mean"]
+    assert gauge.loc["mean", "pearson_r"] == pytest.approx(-1) and gauge.loc["mean", "slope"] == pytest.approx(-1)
+    assert gauge.loc["before", "pearson_r"] > -0.9 and gauge.loc["after", "pearson_r"] > -0.9
+    assert gauge.loc["before", "median_abs_residual_matched"] > 0.05
+    assert "{b +4.5%}" in markdown(table, pd.DataFrame(), probe_gauge(per_run), "header")
+    # a study without probes after: matched on the probe before, one gauge row, no `{b ...}` in the markdown
+    old = pd.DataFrame(rows).drop(columns="probe_after_s")
+    assert cost_scales(old, reference)["cost_scale"].tolist() == [1.3, 1.0, 1.15]
+    assert probe_gauge(probe_gauge_runs(steps, old, reference))["probe"].tolist() == ["before"]
+    same = [{**r, "cost_scale": 1.0} if r["side"] in (MATCHED, MATCHED_BEFORE) else r for r in rows]
+    assert "{b +" not in markdown(drift_matched(pd.DataFrame(same)), pd.DataFrame(), pd.DataFrame(), "header")
+
+
 def test_a_profile_without_operators_is_refused_before_any_run(tmp_path, profile):
     meta = json.loads(profile.read_text())
     del meta["operators"]
@@ -148,14 +207,18 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     flags = "--scale 0.07 --repeats 2 --probe-repeats 1 --traces synthetic azure --concurrency 4 --loads 0.5 1.2"
     fidelity.main([*overrides, *short, "--profile", str(profile), "--out", str(out), *flags.split(), "--drift-matched"])
     every = pd.read_csv(out / "runs.csv")
-    runs = every[every["side"] != MATCHED]
+    runs = every[~every["side"].isin([MATCHED, MATCHED_BEFORE])]
     cells = [f"{t}_{c}" for t in ("synthetic", "azure") for c in ("closed_c4", "open_50pct", "open_120pct")]
     assert list(dict.fromkeys(runs["cell"])) == cells
     for cell, g in runs.groupby("cell"):
         assert sorted(g["side"]) == ["real", "real", "sim", "sim"], cell
         assert g["completed"].min() >= 4
     real = runs[runs["side"] == "real"]
-    assert real["probe_s"].gt(0).all() and real["drift"].notna().all()
+    assert real["probe_s"].gt(0).all() and real["probe_after_s"].gt(0).all()  # a probe before and after each run
+    assert real["drift"].notna().all() and real["drift_after"].notna().all()
+    assert (real["drift_mean"] + 1).to_numpy() == pytest.approx(
+        ((1 + real["drift"]) + (1 + real["drift_after"])).to_numpy() / 2
+    )  # the run probe (the mean of the two) against the same reference
     capacity = real[real["cell"] == "synthetic_closed_c4"]["request_throughput"].mean()
     opened = runs[runs["cell"] == "synthetic_open_120pct"]["offered_rate"]
     assert opened.iloc[0] == pytest.approx(1.2 * capacity)  # open loads are fractions of the measured capacity
@@ -168,6 +231,11 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert row["inside_real_ci"] == (row["real_ci_low"] <= row["sim"] <= row["real_ci_high"])
     assert row["rel_error"] == pytest.approx((row["sim"] - row["real_mean"]) / row["real_mean"])
     assert row["target"] == 0.05
+    cell_real = real[real["cell"] == "azure_closed_c4"]
+    for column, drift in (("before", "drift"), ("after", "drift_after"), ("mean", "drift_mean")):
+        assert row[f"probe_drift_{column}"] == pytest.approx(cell_real[drift].mean())
+    summary_text = (out / "summary.md").read_text()
+    assert "probe drift before / after / mean" in summary_text and "per real repeat" in summary_text
     assert sorted(real["repeat"]) == [0] * len(cells) + [1] * len(cells)
     knees = pd.read_csv(out / "knee.csv")
     assert sorted(zip(knees["trace"], knees["cost_model"])) == [
@@ -196,30 +264,44 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert "per real repeat" in summary and "Calibration: profile dated" in summary
     assert (out / "runs" / "azure_open_50pct" / "real1" / "requests.parquet").exists()
     assert (out / "runs" / "azure_open_50pct" / "sim-operators" / "summary.json").exists()
-    # --drift-matched: each real run simulated again at its probe / the calibration's mean probe (0.05 s)
+    # --drift-matched: each real run simulated again at its run probe (the mean of its probes before and
+    # after) / the calibration's mean probe (0.05 s), and at its probe before alone
     matched = every[every["side"] == MATCHED].merge(
-        real[["cell", "repeat", "probe_s"]], on=["cell", "repeat"], suffixes=("", "_real")
+        real[["cell", "repeat", "probe_s", "probe_after_s"]], on=["cell", "repeat"], suffixes=("", "_real")
     )
     assert len(matched) == 2 * len(real)
-    assert matched["cost_scale"].to_numpy() == pytest.approx(matched["probe_s_real"].to_numpy() / 0.05)
+    pair = (matched["probe_s_real"] + matched["probe_after_s_real"]).to_numpy() / 2
+    assert matched["cost_scale"].to_numpy() == pytest.approx(pair / 0.05)
+    before = every[every["side"] == MATCHED_BEFORE].merge(
+        real[["cell", "repeat", "probe_s"]], on=["cell", "repeat"], suffixes=("", "_real")
+    )
+    assert len(before) == 2 * len(real)
+    assert before["cost_scale"].to_numpy() == pytest.approx(before["probe_s_real"].to_numpy() / 0.05)
     scaled = json.loads((out / "runs" / "azure_closed_c4" / "sim-profile-matched1" / "summary.json").read_text())
     assert scaled["sim_cost_scale"] == pytest.approx(matched.set_index(["cell", "cost_model", "repeat"]).loc[
         ("azure_closed_c4", "profile", 1), "cost_scale"])  # fmt: skip
     table = pd.read_csv(out / "drift_matched.csv")
     assert len(table) == len(cells) * 2 * len(METRICS) and table["verdict"].notna().sum() == len(cells) * 2 * 6
     assert len(pd.read_csv(out / "probe_gauge_runs.csv")) == 2 * len(real)
+    assert table["matched_before_error"].notna().all()
+    gauge = pd.read_csv(out / "probe_gauge.csv")
+    assert sorted(zip(gauge["cost_model"], gauge["probe"])) == sorted(
+        (m, p) for m in ("profile", "operators") for p in ("before", "after", "mean")
+    )
     assert "Is the probe a faithful gauge?" in (out / "drift_matched.md").read_text()
     # the re-analysis of the finished folder simulates the same runs again: the same tables (plus the oracle
-    # at each run's own step speed, which only the re-analysis runs, so verdicts may move to `speed`)
+    # at each run's own step speed, which only the re-analysis runs, so verdicts may move to `speed`); one
+    # cost model, to keep the test short (the code path is the same for both)
     for name in ("drift_matched", "knee_matched", "probe_gauge"):
         (out / f"{name}.csv").rename(out / f"{name}.study.csv")
-    fidelity_reanalyze.main([str(out), "--profile", str(profile), *overrides, *short])
+    fidelity_reanalyze.main([str(out), "--profile", str(profile), *overrides, *short, "--cost-models", "profile"])
     for name in ("drift_matched", "knee_matched", "probe_gauge"):
-        study = pd.read_csv(out / f"{name}.study.csv")
+        study = pd.read_csv(out / f"{name}.study.csv").query("cost_model == 'profile'").reset_index(drop=True)
         study = study.drop(columns=[c for c in study if c == "verdict" or "step_matched" in c])
-        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv")[study.columns], study)
+        again = pd.read_csv(out / f"{name}.csv").query("cost_model == 'profile'").reset_index(drop=True)
+        pd.testing.assert_frame_equal(again[study.columns], study)
     again = pd.read_csv(out / "drift_runs.csv")
-    assert (again["side"] == STEP_MATCHED).sum() == 2 * len(real)
+    assert (again["side"] == STEP_MATCHED).sum() == len(real) and set(again["cost_model"].dropna()) == {"profile"}
     assert pd.read_csv(out / "drift_matched.csv")["step_matched_error"].notna().all()
     assert all(max(abs(v) for v in json.loads(d).values()) < 1e-9 for d in again["resim_vs_recorded"].dropna())
 
