@@ -22,7 +22,8 @@ summary.md, which also names the profile's calibration and its self-check. The S
 --drift-matched also simulates every real run at the machine speed its probes measured (executor.cost_scale =
 the mean of its probes before and after / the mean of the calibration's three probes, and beside it the
 probe before alone; experiments/studies/fidelity_drift.py) and writes
-drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and drift_matched.md. The same
+drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv, probe_gauge_segments.csv and
+drift_matched.md. The same
 tables for a finished study folder: python -m experiments.studies.fidelity_reanalyze FOLDER.
 """
 
@@ -298,11 +299,20 @@ def drift_tables_of(runs: pd.DataFrame, steps: pd.DataFrame, reference: float, a
         "knee_matched": drift_tables.knee_matched(runs, attainment),
         "probe_gauge_runs": per_run,
         "probe_gauge": drift_tables.probe_gauge(per_run) if len(per_run) else pd.DataFrame(),
+        "probe_gauge_segments": drift_tables.probe_gauge_segments(steps, runs, reference)
+        if len(steps)
+        else pd.DataFrame(),
     }
 
 
 def write_drift_markdown(out: Path, tables: dict, header: str) -> None:
-    text = drift_tables.markdown(tables["drift_matched"], tables["knee_matched"], tables["probe_gauge"], header)
+    text = drift_tables.markdown(
+        tables["drift_matched"],
+        tables["knee_matched"],
+        tables["probe_gauge"],
+        header,
+        tables.get("probe_gauge_segments"),
+    )
     with atomic_open(out / "drift_matched.md") as f:
         f.write(text)
 

@@ -23,6 +23,8 @@ Tables (pure functions of the study's runs.csv and step_residuals.csv rows):
   probe_gauge     per real run, its median step residual against its probe ratio, for the probe before, after
                   and their mean: a faithful gauge makes (1 + residual) x ratio = 1, i.e. log(1 + residual)
                   against log(ratio) a slope of -1
+  probe_gauge_segments  the same fit for the first and last fifth of each run's steps: which moment a probe
+                  gauges (a speed that moves during the run: the probe before gauges the first fifth best)
 The re-analysis also simulates each run at the step speed the run itself measured (`sim_step_matched`:
 cost_scale = 1 / (1 + the run's median step residual)): an oracle, not a prediction, that tells a miss the
 probe failed to gauge (the speed level) from one the cost model's shape or the queue makes.
@@ -254,8 +256,6 @@ def probe_gauge(per_run: pd.DataFrame) -> pd.DataFrame:
     was timed): how well the probe ratio predicts a run's step residual. Pearson r and the slope of
     log(1 + residual) on log(probe ratio) (a faithful gauge: r near -1, slope -1), the median residual
     raw and matched to that probe, over the real runs."""
-    from scipy import stats
-
     rows = []
     timed_after = "probe_ratio_after" in per_run and bool(np.isfinite(per_run["probe_ratio_after"]).any())
     for cost_model, runs in per_run.groupby("cost_model", sort=False):
@@ -263,18 +263,12 @@ def probe_gauge(per_run: pd.DataFrame) -> pd.DataFrame:
             if probe != "before" and not timed_after:
                 continue
             g = runs[np.isfinite(runs[column]) & np.isfinite(runs["median_residual"])]
-            x, y = np.log(g[column].to_numpy()), np.log1p(g["median_residual"].to_numpy())
-            fit = stats.linregress(x, y) if len(g) >= 3 and np.ptp(x) > 0 else None
             matched = (1 + g["median_residual"]) * g[column] - 1
             rows.append(
                 {
                     "cost_model": cost_model,
                     "probe": probe,
-                    "runs": len(g),
-                    "pearson_r": float(fit.rvalue) if fit else math.nan,
-                    "slope": float(fit.slope) if fit else math.nan,
-                    "slope_stderr": float(fit.stderr) if fit else math.nan,
-                    "p_value": float(fit.pvalue) if fit else math.nan,
+                    **_gauge_fit(g[column], g["median_residual"]),
                     "probe_ratio_min": float(g[column].min()),
                     "probe_ratio_max": float(g[column].max()),
                     "median_residual_raw": float(g["median_residual"].median()),
@@ -283,6 +277,59 @@ def probe_gauge(per_run: pd.DataFrame) -> pd.DataFrame:
                     "median_abs_residual_matched": float(matched.abs().median()),
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def _gauge_fit(ratio: pd.Series, residual: pd.Series) -> dict:
+    """Pearson r and the slope of log(1 + residual) on log(probe ratio) over runs (NaN below 3 runs)."""
+    from scipy import stats
+
+    x, y = np.log(ratio.to_numpy(dtype=float)), np.log1p(residual.to_numpy(dtype=float))
+    fit = stats.linregress(x, y) if len(x) >= 3 and np.ptp(x) > 0 else None
+    return {
+        "runs": len(x),
+        "pearson_r": float(fit.rvalue) if fit else math.nan,
+        "slope": float(fit.slope) if fit else math.nan,
+        "slope_stderr": float(fit.stderr) if fit else math.nan,
+        "p_value": float(fit.pvalue) if fit else math.nan,
+    }
+
+
+SEGMENTS = 5  # a run's busy steps in fifths: the first follows the probe before, the last precedes the probe after
+
+
+def probe_gauge_segments(steps: pd.DataFrame, runs: pd.DataFrame, reference: float) -> pd.DataFrame:
+    """Per cost model, part of each run (its first fifth of busy steps in step order, its last fifth, all of
+    them) and probe (before, after, their mean; `before` alone where none was timed after): the gauge's
+    Pearson r and slope. A probe that measures its own moment but not a speed that moves during the run
+    gauges the part next to it best: the probe before the first fifth, the probe after the last."""
+    real = cost_scales(runs, reference).set_index(["cell", "repeat"])
+    timed_after = bool(np.isfinite(real["cost_scale_after"]).any())
+    probes = {"before": "cost_scale_before", "after": "cost_scale_after", "mean": "cost_scale"}
+    steps = steps.assign(repeat=steps["repeat"].astype(int))
+    rows = []
+    for cost_model, by_model in steps.groupby("cost_model", sort=False):
+        parts = []
+        for (cell, repeat), g in by_model.groupby(["cell", "repeat"], sort=False):
+            err = (g["predicted_s"] / g["measured_s"] - 1).to_numpy()
+            k = max(len(err) // SEGMENTS, 1)
+            ratios = {p: real.loc[(cell, repeat), c] for p, c in probes.items()}
+            parts += [
+                {"part": part, **ratios, "median_residual": float(np.median(e))}
+                for part, e in (("first fifth", err[:k]), ("last fifth", err[-k:]), ("whole run", err))
+            ]
+        table = pd.DataFrame(parts)
+        for part, g in table.groupby("part", sort=False):
+            for probe in probes if timed_after else ["before"]:
+                ok = g[np.isfinite(g[probe].astype(float))]
+                rows.append(
+                    {
+                        "cost_model": cost_model,
+                        "part": part,
+                        "probe": probe,
+                        **_gauge_fit(ok[probe], ok["median_residual"]),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -296,7 +343,9 @@ def _both_probes(row) -> bool:
     return bool(math.isfinite(before) and not math.isclose(before, row["cost_scale_mean"], rel_tol=1e-12))
 
 
-def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, header: str) -> str:
+def markdown(
+    table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, header: str, segments: pd.DataFrame | None = None
+) -> str:
     """drift_matched.md: per cost model, each targeted figure raw -> matched error with marks, the verdict
     counts, the knee and the probe gauge."""
     from experiments.results.environment import markdown_table
@@ -405,4 +454,25 @@ def markdown(table: pd.DataFrame, knees: pd.DataFrame, gauge: pd.DataFrame, head
             ),
             "",
         ]
+    if segments is not None and len(segments):
+        lines += [
+            "### The gauge by part of the run: Pearson r / slope (s.e.) of the run part's median step residual on "
+            "the probe ratio",
+            "",
+            "A probe that measures its own moment but not a speed that moves during the run gauges the part next "
+            "to it best (before: the first fifth; after: the last fifth).",
+            "",
+        ]
+        body = []
+        for (cost_model, probe), g in segments.groupby(["cost_model", "probe"], sort=False):
+            by = g.set_index("part")
+            body.append(
+                [cost_model, probe]
+                + [
+                    f"{by.loc[p, 'pearson_r']:+.2f} / {by.loc[p, 'slope']:+.2f} ({by.loc[p, 'slope_stderr']:.2f})"
+                    for p in by.index
+                ]
+            )
+        parts = list(dict.fromkeys(segments["part"]))
+        lines += [markdown_table(["cost model", "probe", *parts], body), ""]
     return "\n".join(lines) + "\n"

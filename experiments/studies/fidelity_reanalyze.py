@@ -12,7 +12,8 @@ before alone, the same simulation where no probe after was timed), and once at t
 speed (the oracle, fidelity_drift.STEP_MATCHED: cost_scale = 1 / (1 + that run's median step residual in
 step_residuals.csv)). Simulations are deterministic and run on a virtual clock: the machine's load does not
 enter.
-Writes drift_runs.csv, drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv and
+Writes drift_runs.csv, drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv,
+probe_gauge_segments.csv and
 drift_matched.md into the folder (their runs in a temporary folder unless --keep-runs).
 """
 

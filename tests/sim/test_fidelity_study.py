@@ -18,6 +18,7 @@ from experiments.studies.fidelity_drift import (
     markdown,
     probe_gauge,
     probe_gauge_runs,
+    probe_gauge_segments,
     run_probe,
     step_scales,
 )
@@ -182,6 +183,23 @@ def test_matching_on_the_probes_before_and_after_a_run_recovers_a_speed_that_mov
     assert gauge.loc["before", "pearson_r"] > -0.9 and gauge.loc["after", "pearson_r"] > -0.9
     assert gauge.loc["before", "median_abs_residual_matched"] > 0.05
     assert "{b +4.5%}" in markdown(table, pd.DataFrame(), probe_gauge(per_run), "header")
+    # the speed moved during each run: its first half at the probe before's speed, its second at the probe
+    # after's: the probe before gauges the first fifth exactly, the probe after the last fifth
+    moving = pd.DataFrame(
+        [
+            {"cell": "c", "repeat": r, "cost_model": "profile", "predicted_s": 0.01,
+             "measured_s": 0.01 * (b if i < 5 else a)}
+            for r, (b, a) in probes.items()
+            for i in range(10)
+        ]
+    )  # fmt: skip
+    parts = probe_gauge_segments(moving, pd.DataFrame(rows), reference).set_index(["part", "probe"])
+    for part, probe in (("first fifth", "before"), ("last fifth", "after")):
+        assert parts.loc[(part, probe), "slope"] == pytest.approx(-1) and parts.loc[
+            (part, probe), "pearson_r"
+        ] == pytest.approx(-1)
+    assert parts.loc[("last fifth", "before"), "pearson_r"] > -0.9 and len(parts) == 9
+    assert "The gauge by part of the run" in markdown(table, pd.DataFrame(), pd.DataFrame(), "h", parts.reset_index())
     # a study without probes after: matched on the probe before, one gauge row, no `{b ...}` in the markdown
     old = pd.DataFrame(rows).drop(columns="probe_after_s")
     assert cost_scales(old, reference)["cost_scale"].tolist() == [1.3, 1.0, 1.15]
@@ -284,6 +302,7 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert len(table) == len(cells) * 2 * len(METRICS) and table["verdict"].notna().sum() == len(cells) * 2 * 6
     assert len(pd.read_csv(out / "probe_gauge_runs.csv")) == 2 * len(real)
     assert table["matched_before_error"].notna().all()
+    assert len(pd.read_csv(out / "probe_gauge_segments.csv")) == 2 * 3 * 3  # cost models x parts x probes
     gauge = pd.read_csv(out / "probe_gauge.csv")
     assert sorted(zip(gauge["cost_model"], gauge["probe"])) == sorted(
         (m, p) for m in ("profile", "operators") for p in ("before", "after", "mean")
@@ -292,10 +311,11 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     # the re-analysis of the finished folder simulates the same runs again: the same tables (plus the oracle
     # at each run's own step speed, which only the re-analysis runs, so verdicts may move to `speed`); one
     # cost model, to keep the test short (the code path is the same for both)
-    for name in ("drift_matched", "knee_matched", "probe_gauge"):
+    compared = ("drift_matched", "knee_matched", "probe_gauge", "probe_gauge_segments")
+    for name in compared:
         (out / f"{name}.csv").rename(out / f"{name}.study.csv")
     fidelity_reanalyze.main([str(out), "--profile", str(profile), *overrides, *short, "--cost-models", "profile"])
-    for name in ("drift_matched", "knee_matched", "probe_gauge"):
+    for name in compared:
         study = pd.read_csv(out / f"{name}.study.csv").query("cost_model == 'profile'").reset_index(drop=True)
         study = study.drop(columns=[c for c in study if c == "verdict" or "step_matched" in c])
         again = pd.read_csv(out / f"{name}.csv").query("cost_model == 'profile'").reset_index(drop=True)
