@@ -110,7 +110,7 @@ class Engine:
         # a simulation's step skipping (step(horizon=...)); None: one step at a time
         speculating = self.speculator is not None
         self.decode_runs = kind.decode_runs(
-            self.scheduler, self.kv, self.executor, self._emit_run, self._kv_compact, speculating
+            self.scheduler, self.kv, self.executor, self._emit_run, self._emit_step, self._kv_compact, speculating
         )
 
     # ---- requests -----------------------------------------------------------------------------
@@ -195,10 +195,11 @@ class Engine:
 
         horizon: the caller adds no request before the clock reaches it. A simulation may then advance
         the pure decode steps that follow this one and start before it in one go (testbed.sim.decode_runs:
-        the same steps, step records and request times as stepping; their outputs, none finished, are not
-        returned). None: one step. sends_on_finish: the caller may add a request when one finishes
-        (closed loop, sessions), so a step in which one finished ends there; False (it sends by the clock
-        alone, as an open-loop replay): the horizon holds past it."""
+        the same steps, step records and request times as stepping; of their outputs only those of the
+        requests that finished are returned, after this step's). None: one step. sends_on_finish: the
+        caller may add a request when one finishes (closed loop, sessions), so a step in which one finished
+        ends there, and a run stops before one; False (it sends by the clock alone, as an open-loop
+        replay): the horizon holds past it, and a run goes on through the steps in which requests finish."""
         if self.async_steps is not None:
             return self._step_async(self.async_steps)
         start = self.clock()
@@ -212,7 +213,15 @@ class Engine:
             and self.decode_runs is not None
             and not (sends_on_finish and any(o.finished for o in outputs))
         ):
-            self.decode_runs.run(horizon)
+            if sends_on_finish:
+                self.decode_runs.run(horizon)
+            else:
+                ended: list[Request] = []
+                self.decode_runs.run(horizon, ended)
+                if ended:  # their final outputs, as the steps that ended them would have made them
+                    outputs += self.output_processor.process(
+                        StepUpdates(ended, [r.output_token_ids[-1:] for r in ended])
+                    )
         return outputs
 
     def _finish_step(self, start: float, sched: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:

@@ -347,6 +347,25 @@ class Scheduler:
             return StepUpdates(out.requests, sampled, shared=True)  # type: ignore[arg-type]  # no entry is None here
         return StepUpdates.collect(out.requests, sampled, changed, failed)
 
+    def end_decoded(self, requests: list[Request], token: int) -> None:
+        """End running requests whose last token, `token`, was appended outside update(): the step of a
+        simulated decode run in which they finish (testbed.sim.decode_runs). As update() ends them: the
+        token's stop rule, then each released in this order (its KV freed), then out of the running list."""
+        now = self.clock()
+        max_model_len = self.config.max_model_len
+        for request in requests:
+            if not check_token_stop(request, token, max_model_len):
+                raise RuntimeError(f"request {request.request_id!r} did not finish with its last token")
+            self.running_computed_tokens -= request.num_computed_tokens
+            self._release(request, now)
+        done = set(requests)
+        self.running[:] = [r for r in self.running if r not in done]
+
+    def drop_finished_ids(self) -> None:
+        """What a step's schedule() hands its executor (SchedulerOutput.finished_ids), for a simulated
+        decode run's steps, which have no executor to hand them to."""
+        self._finished_ids = []
+
     def add_drafts(self, drafts: list[tuple[Request, list[int]]]) -> None:
         """Speculative drafts to verify in the next step (the speculator's proposal): each request is given
         1 + len(drafts) tokens then (vLLM v1's update_draft_token_ids)."""

@@ -12,8 +12,13 @@ token lists and times are extended once at the end, and the engine records the r
 (testbed.step_stats.StepRun: what each step's StepStats would have said).
 
 The run stops before any step that could differ from the run's shape: one that would start at or after
-`horizon` (the caller adds a request then), one in which a request would finish (its length, or a stop
-token), and one whose allocations the free blocks could not all satisfy (the scheduler would preempt).
+`horizon` (the caller adds a request then), and one whose allocations the free blocks could not all
+satisfy (the scheduler would preempt). A step in which requests finish (their length: a run's token is
+never a stop token) is not in the run if the caller may send on a finish (Engine.step's
+sends_on_finish) or the run is not planned (_run_stepwise); else the run takes it as its last step,
+ends the requests as the scheduler's update does (their blocks freed in the same order), records the
+step as the engine records such a step, and the next run, of the requests left, follows at once: the
+finished requests go back to the engine for their outputs.
 What is not eligible at all (then nothing is skipped): waiting requests, drafts, parallel-sampling groups,
 stop strings, a policy whose order or budget can change between steps (time_dependent, or one that
 overrides begin_step / step_budget / token_budget), a recorded run's clock (replay_steps). The equality
@@ -43,16 +48,20 @@ def _steady(policy: SchedulingPolicy) -> bool:
 
 
 class DecodeRuns:
-    def __init__(self, scheduler, kv, executor, emit_run, kv_stats):
-        """emit_run(start_times, end_times, kv): the engine's record of the run's steps; kv_stats(): the
-        cache's state as the engine reports it after a step (testbed.step_stats.kv_compact)."""
+    def __init__(self, scheduler, kv, executor, emit_run, emit_step, kv_stats):
+        """emit_run(start_times, end_times, kv): the engine's record of the run's steps; emit_step(start,
+        num_seqs, num_prefill_tokens, num_decode_tokens, scheduled_ids, scheduled_tokens): its record of one
+        step (Engine._emit_step: a step in which requests finish); kv_stats(): the cache's state as the
+        engine reports it after a step (testbed.step_stats.kv_compact)."""
         self.scheduler = scheduler
         self.kv = kv
         self.executor = executor
         self.emit_run = emit_run
+        self.emit_step = emit_step
         self.kv_stats = kv_stats
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self.num_out_of_blocks = 0  # runs that ended where the free blocks ran out
+        self.num_finishing = 0  # steps advanced here in which requests finished
         self._steady_policy = _steady(scheduler.policy)
         self._paged = isinstance(kv, PagedAllocator)
         # the paged allocator's decode allocation as _run_planned plans it
@@ -79,15 +88,16 @@ class DecodeRuns:
         )
 
     def _eligible(self) -> int:
-        """How many decode steps may run before some request finishes (0: none eligible now)."""
+        """How many decode steps may run before the first in which some request finishes (its last token);
+        -1: none eligible now."""
         sched, ex = self.scheduler, self.executor
         if not self._steady_policy or sched.waiting or not sched.running or ex.cost_model is None:
-            return 0
+            return -1
         if ex.recorded is not None or ex.speculator is not None or sched.seats.reserved:
-            return 0
+            return -1
         running, token = sched.running, ex.token_id
         if len(running) > sched.config.max_num_batched_tokens:
-            return 0
+            return -1
         steps = None
         for r in running:
             n = len(r.all_token_ids)
@@ -101,24 +111,50 @@ class DecodeRuns:
                 or r.sampling_params.stop
                 or token in r.stop_check_ids
             ):
-                return 0
+                return -1
             left = r.max_num_tokens - n - 1  # steps before the one that gives its last token
             if steps is None or left < steps:
                 steps = left
-        return max(steps or 0, 0)
+        return -1 if steps is None else max(steps, 0)
 
-    def run(self, horizon: float) -> int:
-        """Advance decode steps while each would start before `horizon`; returns how many ran."""
+    def run(self, horizon: float, ended: list | None = None) -> int:
+        """Advance decode steps while each would start before `horizon`; returns how many ran. `ended`: a
+        list for the requests that finish in the run, in the order they finish: the run then goes on
+        through the steps in which requests finish (planned runs only: _finish); None: it stops before
+        the first such step."""
         if type(self.executor.clock) is not VirtualClock:  # its time is read and moved here directly
             return 0
-        max_steps = self._eligible()
-        if max_steps <= 0:
-            return 0
-        if self._plannable():
-            ran = self._run_planned(horizon, max_steps)
-            if ran is not None:
-                return ran
-        return self._run_stepwise(horizon, max_steps)
+        total = 0
+        while True:
+            left = self._eligible()
+            # with `ended`, step `left` (the first in which a request finishes) may be the run's last
+            max_steps = left + 1 if ended is not None and left >= 0 else left
+            if max_steps <= 0:
+                return total
+            if self._plannable():
+                ran = self._run_planned(horizon, max_steps, ended)
+                if ran is not None:
+                    total += ran
+                    if ran == max_steps and ended is not None:
+                        continue  # it ended with a step in which requests finished: the next run, of the others
+                    return total
+            if left <= 0:
+                return total
+            return total + self._run_stepwise(horizon, left)
+
+    def _finish(self, running: list, start: float, ended: list) -> None:
+        """The run's last step, one in which requests finish (their last token; the run made its
+        allocations, price and tokens): ended as the engine's update ends them (Scheduler.end_decoded),
+        appended to `ended` in batch order, then the step recorded as the engine records it."""
+        done = [r for r in running if len(r.all_token_ids) >= r.max_num_tokens]
+        if not done:
+            raise RuntimeError("decode run: no request finished in the step planned to finish one")
+        ids = [r.request_id for r in running]
+        self.scheduler.end_decoded(done, self.executor.token_id)
+        ended += done
+        self.num_finishing += 1
+        n = len(running)
+        self.emit_step(start, n, 0, n, ids, [1] * n)
 
     def _plannable(self) -> bool:
         """Whether a run's allocations can be planned ahead: the paged allocator's own decode allocation,
@@ -134,7 +170,7 @@ class DecodeRuns:
             and not kv.req_may_share
         )
 
-    def _run_planned(self, horizon: float, max_steps: int) -> int | None:
+    def _run_planned(self, horizon: float, max_steps: int, ended: list | None = None) -> int | None:
         """The run as _run_stepwise makes it, planned instead of found step by step: the step times first
         (the steps starting before `horizon`, summed in the same order), then each request's allocation
         events (the steps at which the allocator's fast limit is passed: a block fills up or a new one is
@@ -143,7 +179,9 @@ class DecodeRuns:
         during a run: nothing is freed, nothing admitted). Then the allocations are made in step and batch
         order (PagedAllocator.decode_slot: allocate_slots' one-token path), each checked against the plan,
         and the cache state noted after each step. None (nothing changed) where the plan does not apply: a
-        negative price, or a request that would need more than one block in a step."""
+        negative price, or a request that would need more than one block in a step. With `ended`, step
+        max_steps - 1 is one in which requests finish: if the run gets there, _finish ends them (into
+        `ended`) and records that step."""
         sched, kv, ex = self.scheduler, self.kv, self.executor
         clock, token = ex.clock, ex.token_id
         running = list(sched.running)
@@ -206,6 +244,8 @@ class DecodeRuns:
             if steps == 0:
                 return 0
         keys.sort()
+        finish = ended is not None and steps == max_steps
+        recorded = steps - 1 if finish else steps  # the steps recorded as a StepRun
         # the run: allocations in step and batch order, then the cache's state after the step
         allocate, compact = kv.decode_slot, kv.compact_stats_steps
         expected = [max(limit - b + 1, 0) for (limit, _, _), b in zip(state, base)]
@@ -232,13 +272,14 @@ class DecodeRuns:
             allocate(r)
             limit = limits[r.request_id] - base[i] + 1
             expected[i] = limit if limit > j else j + 1
-        kv_after += compact(computed + (noted + 1) * n, n, steps - noted)
+        kv_after += compact(computed + (noted + 1) * n, n, recorded - noted)
         computed += steps * n
         if min(expected) < steps:
             raise RuntimeError("decode run: an allocation the plan did not make")
         # what schedule() takes each step (_run_stepwise: at step 0 and at each allocation)
         kv.drop_block_updates()
         kv.take_copies()
+        sched.drop_finished_ids()
         for i, r in enumerate(running):
             r.num_computed_tokens = base[i] - 1 + steps
         sched.running_computed_tokens = computed
@@ -250,7 +291,10 @@ class DecodeRuns:
         clock.now = ends[steps - 1]
         self.num_skipped += steps
         starts = [first_start, *ends[: steps - 1]]
-        self.emit_run(starts, run_times, kv_after)
+        if recorded:
+            self.emit_run(starts[:recorded], run_times[:recorded], kv_after)
+        if finish and ended is not None:
+            self._finish(running, starts[-1], ended)
         return steps
 
     def _run_stepwise(self, horizon: float, max_steps: int) -> int:

@@ -58,6 +58,17 @@ CASES = {
         "replay=offline",
         "cache.num_blocks=200",
     ],
+    # outputs of nearly one length, small blocks: several requests finish in one step, often taking a block
+    # in it, and runs that take such steps stop where the free blocks run out
+    "synthetic-same-step-finishes": [
+        "trace=synthetic",
+        "trace.num_requests=24",
+        "trace.prompt_len={dist:uniform,low:20,high:60}",
+        "trace.output_len={dist:uniform,low:60,high:64}",
+        "replay=offline",
+        "cache.block_size=4",
+        "cache.num_blocks=320",
+    ],
     # no prefix caching: a run's only allocations are new blocks
     "synthetic-no-caching": PREFIX + ["replay=open_loop", "cache.num_blocks=600", "cache.prefix_caching=false"],
     # another eviction order and block size, shared prefixes
@@ -89,9 +100,9 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
     skipped, planned, runners = [], [], []
     real_run, real_planned = DecodeRuns.run, DecodeRuns._run_planned
 
-    def counted(self, horizon):
+    def counted(self, horizon, ended=None):
         runners.append(self)
-        skipped.append(real_run(self, horizon))
+        skipped.append(real_run(self, horizon, ended))
         return skipped[-1]
 
     monkeypatch.setattr(DecodeRuns, "run", counted)
@@ -115,8 +126,18 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
         assert not planned
     elif not case.endswith("mlfq"):
         assert sum(p or 0 for p in planned) == sum(skipped)
-    if case == "synthetic-out-of-blocks":
+    if case in ("synthetic-out-of-blocks", "synthetic-same-step-finishes"):
         assert sum(r.num_out_of_blocks for r in set(runners)) > 0
+    # sending by the clock alone (open loop, offline), runs take the steps in which requests finish; a
+    # driver that may send on a finish (closed loop, sessions) gets each such step from a full engine step
+    finishing = sum(r.num_finishing for r in set(runners))
+    if case.endswith("closed") or case == "sessions":
+        assert finishing == 0
+    elif case not in ("host-tier", "azure-mlfq"):
+        assert finishing > 0
+    if case == "synthetic-same-step-finishes":  # pure decode steps in which several requests finished
+        decode = st_step[(st_step["num_prefill_tokens"] == 0) & (st_step["num_waiting"] == 0)]
+        assert (decode["num_seqs"] - decode["num_running"] >= 2).any()
     if "preemption" in case or "swap" in case or "out-of-blocks" in case:
         assert s_step["num_preemptions"] > 0 if "num_preemptions" in s_step else r_step["num_preemptions"].sum() > 0
     if case.endswith("prefix") or case == "sessions":
