@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from experiments.results.atomic import atomic_write_text, atomic_write_with, fsync_dir
 
@@ -55,8 +57,13 @@ def write_json(path: Path, data) -> None:
     atomic_write_text(path, json.dumps(_clean(data), indent=2, default=_json_default) + "\n")
 
 
-def write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    atomic_write_with(path, lambda f: frame.to_parquet(f, index=False))
+def write_parquet(path: Path, frame: pd.DataFrame | pa.Table) -> None:
+    """A frame as `to_parquet(index=False)` writes it; an arrow table made as pandas makes it from a frame
+    (`pa.Table.from_pandas`, e.g. experiments.kv_whatif.stream.access_table) as to_parquet then writes it."""
+    if isinstance(frame, pa.Table):
+        atomic_write_with(path, lambda f: pq.write_table(frame, f, compression="snappy"))  # to_parquet's default
+    else:
+        atomic_write_with(path, lambda f: frame.to_parquet(f, index=False))
 
 
 def write_run(
@@ -68,7 +75,7 @@ def write_run(
     summary: dict,
     trace_report: dict | None = None,
     clock: pd.DataFrame | None = None,
-    tables: dict[str, pd.DataFrame] | None = None,
+    tables: dict[str, pd.DataFrame | pa.Table] | None = None,
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"

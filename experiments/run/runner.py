@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.kv_whatif.stream import FILE as ACCESS_FILE
-from experiments.kv_whatif.stream import access_frame
+from experiments.kv_whatif.stream import access_table
 from experiments.replay.driver import Replay
 from experiments.results.kv_metrics import kv_reuse_summary
 from experiments.results.metrics import check_slo
@@ -253,7 +253,7 @@ def _replay_specs(
         summary.update(spec_summary(engine))
         summary.update(executor_summary(engine))
         summary.update(kv_reuse_summary(engine))
-        tables = {} if access_log is None else {ACCESS_FILE: access_frame(access_log)}
+        tables = {} if access_log is None else {ACCESS_FILE: access_table(access_log)}
         tables.update(session_tables(replay, requests, summary, len(specs)))
         readings = recorded_readings(engine.clock)
         clock = None if readings is None else pd.DataFrame({"t": readings})

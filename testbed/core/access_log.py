@@ -15,6 +15,8 @@ attribute test per block event.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 LOOKUP, CACHE, RELEASE = "lookup", "cache", "release"
 
 
@@ -60,26 +62,42 @@ class KVAccessLog:
 
     def columns(self) -> tuple[list, list, list, list[list[int]]]:
         """The events in stream order as columns: kinds, request ids, prompt tokens, hash lists."""
+        kinds, request_ids, num_tokens, values, counts = self.flat_columns()
+        hashes: list[list[int]] = []
+        at = 0
+        for count in counts:
+            hashes.append(values[at : at + count])
+            at += count
+        return kinds, request_ids, num_tokens, hashes
+
+    def flat_columns(self) -> tuple[list, list, list, list[int], list[int]]:
+        """columns() with the hash lists laid end to end (no list per event): kinds, request ids, prompt
+        tokens, every event's hashes one after the other, and how many each event has (a block event 1, or 0
+        for a release of no full prefix: rare, found by list.index)."""
         kinds: list[str] = []
         request_ids: list[str | None] = []
         num_tokens: list[int | None] = []
-        hashes: list[list[int]] = []
-        # each block event's hash list, made in one pass: [h], or [] for a release of no full prefix (rare:
-        # found by list.index)
-        block_hashes: list[list] = [[h] for h in self._hashes]
+        values: list = []
+        counts: list[int] = []
+        block_counts = [1] * len(self._hashes)
+        nones: list[int] = []  # where the releases of no full prefix are
         at = -1
         while True:
             try:
                 at = self._hashes.index(None, at + 1)
             except ValueError:
                 break
-            block_hashes[at] = []
+            block_counts[at] = 0
+            nones.append(at)
+        block_values = [h for h in self._hashes if h is not None] if nones else self._hashes
 
         def blocks(start: int, end: int) -> None:
             kinds.extend(self._kinds[start:end])
             request_ids.extend([None] * (end - start))
             num_tokens.extend([None] * (end - start))
-            hashes.extend(block_hashes[start:end])
+            # block events before `start` hold start - (Nones before it) values
+            values.extend(block_values[start - bisect_left(nones, start) : end - bisect_left(nones, end)])
+            counts.extend(block_counts[start:end])
 
         i = 0
         for position, (kind, request_id, n, lookup_hashes) in self._lookups:
@@ -89,6 +107,7 @@ class KVAccessLog:
             kinds.append(kind)
             request_ids.append(request_id)
             num_tokens.append(n)
-            hashes.append(list(lookup_hashes))
+            values.extend(lookup_hashes)
+            counts.append(len(lookup_hashes))
         blocks(i, len(self._kinds))
-        return kinds, request_ids, num_tokens, hashes
+        return kinds, request_ids, num_tokens, values, counts
