@@ -73,7 +73,8 @@ class DecodeRuns:
                 "_set_fast_limit",
                 "_cache_full_blocks",
                 "blocks_needed",
-                "compact_stats_steps",
+                "counters",
+                "compact_stats_spans",
             )
         )
         # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
@@ -247,7 +248,7 @@ class DecodeRuns:
         finish = ended is not None and steps == max_steps
         recorded = steps - 1 if finish else steps  # the steps recorded as a StepRun
         # the run: allocations in step and batch order, then the cache's state after the step
-        allocate, compact = kv.decode_slot, kv.compact_stats_steps
+        allocate, counters = kv.decode_slot, kv.counters
         expected = [max(limit - b + 1, 0) for (limit, _, _), b in zip(state, base)]
         run_tokens, run_times = [token] * steps, ends[:steps]
         for r in running:
@@ -255,14 +256,14 @@ class DecodeRuns:
             r.all_token_ids.extend(run_tokens)
             r.token_times.extend(run_times)
         computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
-        kv_after: list = []
-        noted = 0  # steps whose cache state is in kv_after
+        spans: list = []  # (steps, the cache's counters during them): the cache's state after each step
+        noted = 0  # steps whose cache state is in spans
         for key in keys:
             j = key // n
             if j >= steps:
                 break
             if j > noted:  # the steps before this one: no block taken since the last new block's step
-                kv_after += compact(computed + (noted + 1) * n, n, j - noted)
+                spans.append((j - noted, counters()))
                 noted = j
             i = key - j * n
             r = running[i]
@@ -272,7 +273,8 @@ class DecodeRuns:
             allocate(r)
             limit = limits[r.request_id] - base[i] + 1
             expected[i] = limit if limit > j else j + 1
-        kv_after += compact(computed + (noted + 1) * n, n, recorded - noted)
+        spans.append((recorded - noted, counters()))
+        kv_after = kv.compact_stats_spans(computed + n, n, spans)
         computed += steps * n
         if min(expected) < steps:
             raise RuntimeError("decode run: an allocation the plan did not make")

@@ -319,35 +319,62 @@ class PagedAllocator(KVAllocator):
         return KVCacheStats(*self.compact_stats(num_computed_tokens))
 
     def compact_stats(self, num_computed_tokens: int) -> tuple[int, ...]:
-        """stats_from_counters' fields as a tuple, in KVCacheStats' order (testbed.step_stats.kv_compact):
-        what a simulated decode run notes after each step (testbed.sim.decode_runs)."""
-        return self.compact_stats_steps(num_computed_tokens, 0, 1)[0]
-
-    def compact_stats_steps(self, num_computed_tokens: int, per_step: int, count: int) -> list[tuple[int, ...]]:
-        """compact_stats(num_computed_tokens + k * per_step) for k in range(count): the cache's state after
-        each of `count` steps that take and give back no block, each computing per_step more tokens (a
-        simulated decode run's steps between new blocks; registering a hash changes none of these)."""
+        """stats_from_counters' fields as a tuple, in KVCacheStats' order (testbed.step_stats.kv_compact)."""
         bs, num_blocks = self.block_size, self.num_blocks
         free = self.pool.num_free_blocks
         used_blocks = num_blocks - free
-        held, used = self.num_held_blocks_total * bs, used_blocks * bs
-        internal, cached, free_slots = self.num_internal_slots, self.pool.num_cached_free, free * bs
-        last = num_computed_tokens + count * per_step
-        computed = range(num_computed_tokens, last, per_step) if per_step else [num_computed_tokens] * count
-        return [
-            (
-                num_blocks,
-                bs,
-                used_blocks,
-                used - (held - c),  # token slots: used slots less the empty held ones (slack)
-                held - c,
-                cached,
-                free,
-                used - (held - c),
-                held - c - internal,
-                internal,
-                0,
-                free_slots,
-            )
-            for c in computed
-        ]
+        used, slack = used_blocks * bs, self.num_held_blocks_total * bs - num_computed_tokens
+        internal = self.num_internal_slots
+        # token slots: used slots less the empty held ones (slack)
+        return (
+            num_blocks,
+            bs,
+            used_blocks,
+            used - slack,
+            slack,
+            self.pool.num_cached_free,
+            free,
+            used - slack,
+            slack - internal,
+            internal,
+            0,
+            free * bs,
+        )
+
+    def counters(self) -> tuple[int, int, int, int]:
+        """What compact_stats reads of the cache: (free blocks, cached free blocks, held blocks summed over
+        holders, internal slots)."""
+        return self.pool.num_free_blocks, self.pool.num_cached_free, self.num_held_blocks_total, self.num_internal_slots
+
+    def compact_stats_spans(self, num_computed_tokens: int, per_step: int, spans) -> list[tuple[int, ...]]:
+        """compact_stats after each step of consecutive spans of steps, each (count, counters()) with the
+        cache's counters as they were during it: step k overall has num_computed_tokens + k * per_step
+        computed tokens. What a simulated decode run notes of its steps (testbed.sim.decode_runs): the
+        counters change only where it takes a block."""
+        bs, num_blocks = self.block_size, self.num_blocks
+        out: list[tuple[int, ...]] = []
+        c = num_computed_tokens
+        for count, (free, cached, held, internal) in spans:
+            used_blocks = num_blocks - free
+            used, held, free_slots = used_blocks * bs, held * bs, free * bs
+            end = c + count * per_step
+            computed = range(c, end, per_step) if per_step else [c] * count
+            out += [
+                (
+                    num_blocks,
+                    bs,
+                    used_blocks,
+                    used - (held - k),
+                    held - k,
+                    cached,
+                    free,
+                    used - (held - k),
+                    held - k - internal,
+                    internal,
+                    0,
+                    free_slots,
+                )
+                for k in computed
+            ]
+            c = end
+        return out
