@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from operator import attrgetter
+from itertools import chain
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import pandas as pd
@@ -212,9 +213,11 @@ def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
         kv_fields(objects[0])  # makes the type's getter
         getter, keys = _DATACLASS_FIELDS[kind]
         rows = list(map(getter, objects))
-    if any(set(map(type, column)) != {int} for column in zip(*rows)):
+    # every value a plain int, every row one per key: one pass over all the values, then numpy reads them
+    if rows and (set(map(len, rows)) != {len(keys)} or set(map(type, chain.from_iterable(rows))) != {int}):
         return None
-    table = np.array(rows, dtype=np.int64).reshape(len(rows), len(keys))
+    table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * len(keys))
+    table = table.reshape(len(rows), len(keys))
     columns: dict[str, np.ndarray] = {key: table[:, i] for i, key in enumerate(keys)}
     if any(f"kv_{name}" not in columns for name in KV_PARTS):
         return None
@@ -265,10 +268,12 @@ def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str,
         np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(before[:-1], lengths)
     )
     total = len(rows) + int(lengths.sum())
+    # the rows' values column by column, each row read once (all its keys while it is in the cache)
+    by_key = dict(zip(keys, map(list, zip(*map(itemgetter(*keys), rows))))) if rows else dict.fromkeys(keys, [])
     out: dict[str, np.ndarray | list] = {}
     for key in keys:
         values = columns[key]
-        row_values = [row[key] for row in rows]
+        row_values = by_key[key]
         if values.dtype == np.dtype(object) or _fits(row_values, values.dtype):
             column = np.empty(total, dtype=values.dtype)
             column[run_at] = values

@@ -1,6 +1,8 @@
 """The steps table made from decode runs' column arrays and step rows equals the table of every row
 (Recorder.steps), dtypes included, wherever the runs fall among the rows and whatever the rows hold."""
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -62,5 +64,19 @@ def test_columns_equal_rows(layout, changes):
     columns = recorder.steps_frame()
     rows = pd.DataFrame(recorder.steps)
     assert not recorder._runs and len(rows) == step - 1
+    assert list(columns.dtypes) == list(rows.dtypes)
+    assert columns.equals(rows)
+
+
+@pytest.mark.parametrize("odd", [2.5, True, None])
+def test_cache_stats_not_all_plain_ints(odd):
+    """A run whose cache stats hold anything but plain ints (a float, a bool, None): the same table as
+    its rows give (the columns are then made from rows)."""
+    recorder = Recorder()
+    recorder.on_step(row(1))
+    odd_stats = dataclasses.replace(kv(3), used_token_slots=odd)
+    recorder.on_run(StepRun(2, [1.0, 1.1], [1.05, 1.15], [kv_compact(kv(2)), kv_compact(odd_stats)], 3, ["a"], 0.0))
+    columns = recorder.steps_frame()
+    rows = pd.DataFrame(recorder.steps)
     assert list(columns.dtypes) == list(rows.dtypes)
     assert columns.equals(rows)
