@@ -66,6 +66,20 @@ class FreeBlockQueue:
         self.num_free -= 1
         return block  # type: ignore[return-value]
 
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """n poplefts at once (the caller checked there are n), in the same order."""
+        head = self.head
+        out: list[KVCacheBlock] = []
+        append, block = out.append, head.next_free
+        for _ in range(n):
+            append(block)  # type: ignore[arg-type]
+            nxt = block.next_free  # type: ignore[union-attr]
+            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            block = nxt
+        head.next_free, block.prev_free = block, head  # type: ignore[union-attr]
+        self.num_free -= n
+        return out
+
     def __iter__(self):
         block = self.head.next_free
         while block is not self.tail:
@@ -105,12 +119,17 @@ class BlockPool:
         """Hand out n free blocks (evicting their cached content) with ref count 1."""
         if n > self.free_queue.num_free:
             raise ValueError(f"asked for {n} blocks, only {self.free_queue.num_free} free")
+        queue, hash_to_block, duplicates = self.free_queue, self.hash_to_block, self.duplicates
+        taken: Iterable[KVCacheBlock]
+        if type(queue) is FreeBlockQueue and self.on_evict is None:  # nothing below can raise: all at once
+            taken = queue.popleft_n(n)
+        else:  # one at a time: blocks not reached stay free if on_evict raises
+            popleft = queue.popleft
+            taken = (popleft() for _ in range(n))
         out = []
-        popleft, hash_to_block, duplicates = self.free_queue.popleft, self.hash_to_block, self.duplicates
         evicted = 0
         try:
-            for _ in range(n):
-                block = popleft()
+            for block in taken:
                 h = block.block_hash
                 if h is not None:  # it still caches a prefix: evict it (_evict inlined: in a full cache, every block)
                     if self.on_evict is not None:
@@ -175,8 +194,26 @@ class BlockPool:
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop a reference; blocks reaching 0 join the tail of the free queue in the order given
         (callers pass a request's blocks tail-first, so its prefix is evicted last)."""
-        append = self.free_queue.append
+        queue = self.free_queue
         released: list[int | None] = []  # their hashes, logged at the end (nothing else logs meanwhile)
+        if type(queue) is FreeBlockQueue:  # FreeBlockQueue.append inlined: the list closed at the end
+            tail = queue.tail
+            last = tail.prev_free
+            try:
+                for block in blocks:
+                    if block.ref_cnt <= 0:
+                        raise AssertionError(f"double free of {block}")
+                    block.ref_cnt -= 1
+                    if block.ref_cnt == 0:
+                        last.next_free, block.prev_free = block, last  # type: ignore[union-attr]
+                        last = block
+                        released.append(block.block_hash)
+            finally:
+                last.next_free, tail.prev_free = tail, last  # type: ignore[union-attr]
+                queue.num_free += len(released)
+                self._released(released)
+            return
+        append = queue.append
         try:
             for block in blocks:
                 if block.ref_cnt <= 0:
@@ -186,8 +223,13 @@ class BlockPool:
                     append(block)
                     released.append(block.block_hash)
         finally:
+            self._released(released)
+
+    def _released(self, released: list[int | None]) -> None:
+        """Count and log the blocks free_blocks put in the free queue (their hashes, None: no prefix)."""
+        if released:
             self.num_cached_free += len(released) - released.count(None)
-            if self.access_log is not None and released:
+            if self.access_log is not None:
                 self.access_log.release_all(released)
 
     def cache_block(self, block: KVCacheBlock, block_hash: int, depth: int = 0, request_class: object = None) -> None:

@@ -85,8 +85,9 @@ class PagedAllocator(KVAllocator):
             self.pool.access_log.mark()
         blocks = []
         eligible = request.block_hashes[: max_hit_tokens // self.block_size]
+        cached = self.pool.hash_to_block.get  # BlockPool.get_cached_block, per prompt block
         for block_hash in eligible:
-            block = self.pool.get_cached_block(block_hash)
+            block = cached(block_hash)
             if block is None:
                 break
             blocks.append(block)
