@@ -7,6 +7,8 @@ import pytest
 
 from testbed import LLM, SamplingParams
 
+from ..hf_reference import hf_greedy
+
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
     reason="kernel=cpu builds its kernels with a C++ compiler",
@@ -54,8 +56,6 @@ def hf_model(hf_smollm2):
 
 @pytest.mark.parametrize("batch", [1, 3, *(pytest.param(b, marks=pytest.mark.slow) for b in (8, 32))])
 def test_cpu_kernel_matches_transformers_at_batch_size(batch, tokenizer, hf_model):
-    import torch
-
     prompt_ids = [tokenizer.encode(p) for p in BATCH_PROMPTS[:batch]]
     # num_blocks: room for every batch here; the default cache would zero a gigabyte for nothing
     llm = LLM(model="smollm2-135m", kernel="cpu", max_num_seqs=batch, max_num_batched_tokens=2048, num_blocks=512)
@@ -73,15 +73,6 @@ def test_cpu_kernel_matches_transformers_at_batch_size(batch, tokenizer, hf_mode
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     ours = [o.outputs[0].token_ids for o in llm.generate(prompt_ids, params)]
     assert rows == [batch] * 15  # 16 tokens: the first from the prefill step, 15 decode steps of `batch` rows
-    with torch.no_grad():
-        for i, ids in enumerate(prompt_ids):
-            x = torch.tensor([ids])
-            ref = hf_model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=16,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            assert ours[i] == ref[0, len(ids) :].tolist(), f"prompt {i} ({BATCH_PROMPTS[i]!r}) at batch {batch}"
+    ref = hf_greedy(hf_model, prompt_ids, 16)
+    for i in range(batch):
+        assert ours[i] == ref[i], f"prompt {i} ({BATCH_PROMPTS[i]!r}) at batch {batch}"

@@ -5,6 +5,8 @@ import torch
 
 from testbed import LLM, SamplingParams
 
+from .. import hf_reference
+
 SHARED = (
     "You are a careful assistant. Answer briefly and precisely, citing the relevant facts. "
     "The user is a student preparing for an exam in European history and geography. "
@@ -35,20 +37,7 @@ def hf_model(hf_smollm2):
 
 @pytest.fixture(scope="module")
 def hf_greedy(hf_model, prompt_ids):
-    outs = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            x = torch.tensor([ids])
-            gen = hf_model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=MAX_TOKENS,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outs.append(gen[0, len(ids) :].tolist())
-    return outs
+    return hf_reference.hf_greedy(hf_model, prompt_ids, MAX_TOKENS)
 
 
 def _greedy(llm, prompt_ids):
