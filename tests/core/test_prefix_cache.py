@@ -70,3 +70,25 @@ def test_block_hashes_are_the_same_in_every_process():
         env = {**os.environ, "PYTHONHASHSEED": seed}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert int(out.stdout) == here
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_block_hashes_chain_hash_block(block_size):
+    """A request's block hashes, grown in pieces as its tokens are (PagedAllocator._update_hashes), are
+    hash_block chained over its full blocks; a partly filled last block has none."""
+    import random
+
+    from testbed.core.allocators.paged import PagedAllocator, hash_block
+    from testbed.request import Request
+
+    rng = random.Random(block_size)
+    kv = PagedAllocator(8, block_size)
+    tokens = [rng.randrange(1000) for _ in range(10 * block_size + block_size // 2)]
+    r = Request("r", tokens, SamplingParams())
+    for upto in (0, block_size - 1, 3 * block_size + 1, 3 * block_size + 1, len(tokens)):
+        kv._update_hashes(r, upto)
+        expected, parent = [], None
+        for i in range(upto // block_size):
+            parent = hash_block(parent, tokens[i * block_size : (i + 1) * block_size])
+            expected.append(parent)
+        assert r.block_hashes == expected

@@ -69,9 +69,11 @@ class PagedAllocator(KVAllocator):
         if first >= end:
             return
         parent = hashes[-1] if hashes else ROOT_HASH
-        for i in range(first, end):  # hash_block, inlined: a prompt's every block
-            parent = hash((parent, *tokens[i * bs : (i + 1) * bs]))
-            hashes.append(parent)
+        append = hashes.append
+        # hash_block, inlined: a prompt's every block, its tokens taken bs at a time as tuples
+        for block in zip(*[iter(tokens[first * bs : end * bs])] * bs):
+            parent = hash((parent, *block))
+            append(parent)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of a request not yet holding blocks: (blocks, num computed tokens).
