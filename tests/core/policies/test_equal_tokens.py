@@ -15,7 +15,8 @@ BASE = dict(
 CONFIGS = {
     "priority": dict(scheduler="priority"),
     "sjf": dict(scheduler="sjf", scheduler_options={"aging": 0.5}),
-    "sjf_preemptive": dict(scheduler="sjf", scheduler_options={"preemptive": True}, max_num_seqs=2),
+    # aging 0: ranks by size alone, so whether a preemption happens does not hang on wall-clock arrival gaps
+    "sjf_preemptive": dict(scheduler="sjf", scheduler_options={"preemptive": True, "aging": 0.0}, max_num_seqs=2),
     "sarathi": dict(scheduler="sarathi", scheduler_options={"token_budget": 24}),
     "mlfq": dict(scheduler="mlfq", scheduler_options={"base_quantum": 2}, max_num_seqs=3),
     "lpm": dict(scheduler="lpm"),
