@@ -48,6 +48,16 @@ class FreeBlockQueue:
         block.next_free, self.tail.prev_free = self.tail, block
         self.num_free += 1
 
+    def extend(self, blocks: list[KVCacheBlock]) -> None:
+        """append() of each block in order, the list closed once at the end."""
+        tail = self.tail
+        last = tail.prev_free
+        for block in blocks:
+            last.next_free, block.prev_free = block, last  # type: ignore[union-attr]
+            last = block
+        last.next_free, tail.prev_free = tail, last  # type: ignore[union-attr]
+        self.num_free += len(blocks)
+
     def remove(self, block: KVCacheBlock) -> None:
         if block.prev_free is None:
             raise AssertionError(f"{block} is not in the free queue")
@@ -194,36 +204,22 @@ class BlockPool:
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop a reference; blocks reaching 0 join the tail of the free queue in the order given
         (callers pass a request's blocks tail-first, so its prefix is evicted last)."""
-        queue = self.free_queue
-        released: list[int | None] = []  # their hashes, logged at the end (nothing else logs meanwhile)
-        if type(queue) is FreeBlockQueue:  # FreeBlockQueue.append inlined: the list closed at the end
-            tail = queue.tail
-            last = tail.prev_free
-            try:
-                for block in blocks:
-                    if block.ref_cnt <= 0:
-                        raise AssertionError(f"double free of {block}")
-                    block.ref_cnt -= 1
-                    if block.ref_cnt == 0:
-                        last.next_free, block.prev_free = block, last  # type: ignore[union-attr]
-                        last = block
-                        released.append(block.block_hash)
-            finally:
-                last.next_free, tail.prev_free = tail, last  # type: ignore[union-attr]
-                queue.num_free += len(released)
-                self._released(released)
-            return
-        append = queue.append
+        freed: list[KVCacheBlock] = []
         try:
             for block in blocks:
                 if block.ref_cnt <= 0:
                     raise AssertionError(f"double free of {block}")
                 block.ref_cnt -= 1
                 if block.ref_cnt == 0:
-                    append(block)
-                    released.append(block.block_hash)
-        finally:
-            self._released(released)
+                    freed.append(block)
+        finally:  # a double free mid-way still queues the blocks released before it
+            queue = self.free_queue
+            if type(queue) is FreeBlockQueue:
+                queue.extend(freed)
+            else:
+                for block in freed:
+                    queue.append(block)
+            self._released([block.block_hash for block in freed])
 
     def _released(self, released: list[int | None]) -> None:
         """Count and log the blocks free_blocks put in the free queue (their hashes, None: no prefix)."""
