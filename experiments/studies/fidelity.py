@@ -43,6 +43,7 @@ from experiments.results.environment import environment
 from experiments.run.runner import build_engine, config_value, run_trace
 from experiments.studies import fidelity_drift as drift_tables
 from experiments.studies import fidelity_report as report
+from experiments.studies import probe_gauge as gauge
 from experiments.studies.fidelity_plan import TRACES, Cell, cells, native_rate, trace_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,15 +294,13 @@ class Study:
 
 
 def drift_tables_of(runs: pd.DataFrame, steps: pd.DataFrame, reference: float, attainment: float) -> dict:
-    per_run = drift_tables.probe_gauge_runs(steps, runs, reference) if len(steps) else pd.DataFrame()
+    per_run = gauge.probe_gauge_runs(steps, runs, reference) if len(steps) else pd.DataFrame()
     return {
         "drift_matched": drift_tables.drift_matched(runs),
         "knee_matched": drift_tables.knee_matched(runs, attainment),
         "probe_gauge_runs": per_run,
-        "probe_gauge": drift_tables.probe_gauge(per_run) if len(per_run) else pd.DataFrame(),
-        "probe_gauge_segments": drift_tables.probe_gauge_segments(steps, runs, reference)
-        if len(steps)
-        else pd.DataFrame(),
+        "probe_gauge": gauge.probe_gauge(per_run) if len(per_run) else pd.DataFrame(),
+        "probe_gauge_segments": gauge.probe_gauge_segments(steps, runs, reference) if len(steps) else pd.DataFrame(),
     }
 
 

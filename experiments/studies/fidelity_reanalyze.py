@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 
 from experiments.results.atomic import atomic_open
 from experiments.studies import fidelity_drift as drift
+from experiments.studies import probe_gauge as gauge
 from experiments.studies.fidelity import drift_tables_of, simulate, write_drift_markdown
 from experiments.studies.fidelity_plan import Cell
 from experiments.studies.fidelity_report import METRICS, calibration_line
@@ -70,7 +71,7 @@ def reanalyze(
         raise SystemExit(f"{profile} records no calibration probe (self_check.probe_seconds): nothing to match")
     setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]
     real = drift.cost_scales(runs, reference)
-    per_run = drift.probe_gauge_runs(steps, runs, reference)
+    per_run = gauge.probe_gauge_runs(steps, runs, reference)
     oracle = drift.step_scales(per_run).set_index(["cost_model", "cell", "repeat"])["cost_scale"]
     recorded = runs[runs["side"] == "sim"]
     models = cost_models or list(dict.fromkeys(recorded["cost_model"]))

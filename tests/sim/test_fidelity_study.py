@@ -16,13 +16,11 @@ from experiments.studies.fidelity_drift import (
     cost_scales,
     drift_matched,
     markdown,
-    probe_gauge,
-    probe_gauge_runs,
-    probe_gauge_segments,
     run_probe,
     step_scales,
 )
 from experiments.studies.fidelity_report import METRICS, knee, residuals_by_repeat
+from experiments.studies.probe_gauge import probe_gauge, probe_gauge_runs, probe_gauge_segments
 from testbed.sim.cost_models.operators import fit_operators
 from testbed.sim.cost_models.profile import FORMAT, fit
 from testbed.sim.shape import StepShape
