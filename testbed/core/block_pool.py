@@ -246,25 +246,46 @@ class BlockPool:
 
     def cache_blocks(self, blocks: list[KVCacheBlock], hashes: list[int], start: int, end: int, request_class) -> None:
         """cache_block(blocks[i], hashes[i], i, request_class) for i in [start, end), in order."""
+        self.cache_ranges([(blocks, hashes, start, end, request_class)])
+
+    def cache_ranges(self, ranges: list[tuple[list[KVCacheBlock], list[int], int, int, object]]) -> None:
+        """cache_blocks(*r) for each r = (blocks, hashes, start, end, request_class), in order, the access
+        log written once."""
         if not self.enable_caching:
             return
         hash_to_block, logged, note = self.hash_to_block, [], self._note_cached
-        for i in range(start, end):
-            block = blocks[i]
-            if block.block_hash is not None:
-                continue
-            block_hash = hashes[i]
-            block.block_hash = block_hash
-            block.depth = i
-            block.request_class = request_class
-            if note is not None:
-                note(block)
-            logged.append(block_hash)
-            first = hash_to_block.setdefault(block_hash, block)
-            if first is not block:
-                self.duplicates.setdefault(block_hash, []).append(block)
+        for blocks, hashes, start, end, request_class in ranges:
+            for i in range(start, end):
+                block = blocks[i]
+                if block.block_hash is not None:
+                    continue
+                block_hash = hashes[i]
+                block.block_hash = block_hash
+                block.depth = i
+                block.request_class = request_class
+                if note is not None:
+                    note(block)
+                logged.append(block_hash)
+                first = hash_to_block.setdefault(block_hash, block)
+                if first is not block:
+                    self.duplicates.setdefault(block_hash, []).append(block)
         if self.access_log is not None and logged:
             self.access_log.cache_all(logged)
+
+    @property
+    def plain_lru(self) -> bool:
+        """The plain LRU free queue, which learns nothing from caching, and no eviction hook."""
+        return type(self.free_queue) is FreeBlockQueue and self._note_cached is None and self.on_evict is None
+
+    def head_cached(self, n: int) -> list[bool]:
+        """Whether each of the next n blocks get_new_blocks would hand out still caches a prefix (plain_lru:
+        the queue's first n)."""
+        out = []
+        block = self.free_queue.head.next_free
+        for _ in range(n):
+            out.append(block.block_hash is not None)
+            block = block.next_free
+        return out
 
     def uncache_block(self, block: KVCacheBlock) -> None:
         """Forget a held block's hash (its content is about to be overwritten, e.g. a rejected draft)."""

@@ -70,6 +70,7 @@ class DecodeRuns:
             for name in (
                 "allocate_slots",
                 "decode_slot",
+                "decode_slots",
                 "_set_fast_limit",
                 "_cache_full_blocks",
                 "blocks_needed",
@@ -177,10 +178,11 @@ class DecodeRuns:
         events (the steps at which the allocator's fast limit is passed: a block fills up or a new one is
         needed), computed from its block counts as PagedAllocator.allocate_slots would move them; the run
         ends before the first step whose new blocks the free ones cannot all cover (they only shrink
-        during a run: nothing is freed, nothing admitted). Then the allocations are made in step and batch
-        order (PagedAllocator.decode_slot: allocate_slots' one-token path), each checked against the plan,
-        and the cache state noted after each step. None (nothing changed) where the plan does not apply: a
-        negative price, or a request that would need more than one block in a step. With `ended`, step
+        during a run: nothing is freed, nothing admitted). Then the allocations are made, as in step and
+        batch order (PagedAllocator.decode_slots: allocate_slots' one-token path, at once), checked against
+        the plan, and the cache state noted after each step from the counters at the steps that took
+        blocks. None (nothing changed) where the plan does not apply: a negative price, or a request that
+        would need more than one block in a step. With `ended`, step
         max_steps - 1 is one in which requests finish: if the run gets there, _finish ends them (into
         `ended`) and records that step."""
         sched, kv, ex = self.scheduler, self.kv, self.executor
@@ -247,37 +249,32 @@ class DecodeRuns:
         keys.sort()
         finish = ended is not None and steps == max_steps
         recorded = steps - 1 if finish else steps  # the steps recorded as a StepRun
-        # the run: allocations in step and batch order, then the cache's state after the step
-        allocate, counters = kv.decode_slot, kv.counters
-        expected = [max(limit - b + 1, 0) for (limit, _, _), b in zip(state, base)]
         run_tokens, run_times = [token] * steps, ends[:steps]
         for r in running:
             r.output_token_ids.extend(run_tokens)
             r.all_token_ids.extend(run_tokens)
             r.token_times.extend(run_times)
-        computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
-        spans: list = []  # (steps, the cache's counters during them): the cache's state after each step
-        noted = 0  # steps whose cache state is in spans
-        for key in keys:
-            j = key // n
-            if j >= steps:
+        # the run's allocations (step and batch order), then the cache's state after each step: its
+        # counters change only at the steps that take a block
+        before = kv.counters()
+        taken = kv.decode_slots(running, base, keys[: bisect_left(keys, steps * n)], n)
+        spans: list = []  # (steps, the cache's counters during them)
+        noted, counters = 0, before
+        for j, after in taken:
+            if j >= recorded:
                 break
-            if j > noted:  # the steps before this one: no block taken since the last new block's step
-                spans.append((j - noted, counters()))
-                noted = j
-            i = key - j * n
-            r = running[i]
-            if expected[i] != j:
-                raise RuntimeError(f"decode run: {r.request_id} allocates at {expected[i]}, not {j}")
-            r.num_computed_tokens = base[i] - 1 + j
-            allocate(r)
-            limit = limits[r.request_id] - base[i] + 1
-            expected[i] = limit if limit > j else j + 1
-        spans.append((recorded - noted, counters()))
+            if j > noted:
+                spans.append((j - noted, counters))
+            noted, counters = j, after
+        spans.append((recorded - noted, counters))
+        computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
         kv_after = kv.compact_stats_spans(computed + n, n, spans)
         computed += steps * n
-        if min(expected) < steps:
-            raise RuntimeError("decode run: an allocation the plan did not make")
+        if before[0] - kv.num_free_blocks != sum(1 for j in crossings if j < steps):
+            raise RuntimeError("decode run: the blocks taken are not those planned")
+        for i, r in enumerate(running):
+            if limits[r.request_id] - base[i] + 1 < steps:
+                raise RuntimeError(f"decode run: {r.request_id} needs an allocation the plan did not make")
         # what schedule() takes each step (_run_stepwise: at step 0 and at each allocation)
         kv.drop_block_updates()
         kv.take_copies()

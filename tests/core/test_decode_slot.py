@@ -86,3 +86,76 @@ def test_compact_stats_spans_equal_each_step():
     assert kv.compact_stats_spans(7, 3, spans) == expected
     assert kv.compact_stats_spans(7, 0, [(2, after)]) == [kv.compact_stats(7)] * 2
     assert kv.compact_stats_spans(7, 3, []) == []
+
+
+def decode_run(block_size: int, caching: bool, eviction: str, seed: int, keys: list[int] | None = None) -> tuple:
+    """Requests that shared prefixes finished (their blocks cached free, decode blocks included), then a run
+    of requests with the same prompts decoding the same token: their decode blocks get the hashes of cached
+    free ones, which the run's new blocks evict. The run's allocations by decode_slot at each step past a
+    fast limit (keys None: found so), or by decode_slots with the keys given. Returns the state, the
+    counters after each step that took a block, the evictions during the run and the keys."""
+    rng = random.Random(seed)
+    kv = PagedAllocator(120 // block_size, block_size, caching, eviction)  # small enough to evict
+    kv.start_access_log()
+    prompts = [[rng.randrange(50) for _ in range(rng.randrange(3, 14))] for _ in range(3)]
+
+    def admit(name: str, prompt: list[int]) -> Request:
+        r = Request(name, prompt, SamplingParams(max_tokens=30))
+        blocks, hit = kv.get_computed_blocks(r)
+        assert kv.allocate_slots(r, len(prompt) - hit, blocks) is not None
+        r.num_computed_tokens = len(prompt)
+        r.all_token_ids.append(7)  # its first token, sampled: decoding from here
+        r.output_token_ids.append(7)
+        return r
+
+    for n, prompt in enumerate(prompts):  # decoded a while and finished
+        r = admit(f"done{n}", prompt)
+        for _ in range(rng.randrange(4, 20)):
+            r.num_computed_tokens = len(r.all_token_ids)
+            assert kv.allocate_slots(r, 1) is not None
+            r.all_token_ids.append(7)
+        kv.free(r)
+    running = [admit(f"r{n}", rng.choice(prompts)) for n in range(4)]
+    base = [len(r.all_token_ids) for r in running]
+    steps = 24
+    for r in running:
+        r.all_token_ids += [7] * steps
+        r.output_token_ids += [7] * steps
+    evictions, cached = kv.pool.num_evictions, set(kv.pool.hash_to_block)
+    hashed = [len(r.block_hashes) for r in running]
+
+    def collisions() -> int:  # hashes the run registered that a cached block had when it started
+        return sum(h in cached for r, k in zip(running, hashed) for h in r.block_hashes[k:])
+
+    if keys is not None:
+        noted = kv.decode_slots(running, base, keys, len(running))
+        return state(kv), noted, kv.pool.num_evictions - evictions, keys, collisions()
+    keys, noted = [], []
+    for j in range(steps):  # where stepping calls allocate_slots (past the fast limit), while blocks last
+        due = [i for i, r in enumerate(running) if base[i] + j > kv.req_fast_limit[r.request_id]]
+        new = sum(base[i] + j > kv.num_held_blocks(running[i].request_id) * block_size for i in due)
+        if new > kv.num_free_blocks:
+            break
+        keys += [j * len(running) + i for i in due]
+        for i in due:
+            running[i].num_computed_tokens = base[i] - 1 + j
+            kv.decode_slot(running[i])
+        if new:
+            noted.append((j, kv.counters()))
+    return state(kv), noted, kv.pool.num_evictions - evictions, keys, collisions()
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 4])
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_decode_slots_equal_decode_slot_each(block_size, caching, eviction, seed):
+    """PagedAllocator.decode_slots (all of a decode run's allocations at once with the LRU queue, one at
+    a time with another) leaves the allocator as decode_slot at each of them in step and batch order,
+    and notes the counters after each step that took a block."""
+    each = decode_run(block_size, caching, eviction, seed)
+    keys = each[3]
+    assert decode_run(block_size, caching, eviction, seed, list(keys)) == each
+    _, noted, evicted, _, collided = each
+    assert noted and len(keys) > len(noted)  # blocks taken, hashes registered
+    assert (evicted > 0 and collided > 0) or not caching  # cached free blocks evicted, their hashes registered

@@ -204,6 +204,85 @@ class PagedAllocator(KVAllocator):
         self._set_fast_limit(rid, blocks)
         return taken
 
+    def decode_slots(self, requests: list[Request], first_ends: list[int], keys: list[int], per_step: int) -> list:
+        """decode_slot for each key = step * per_step + i, in that order: requests[i] at that step of a
+        simulated decode run (testbed.sim.decode_runs), whose end (tokens with slots after it) is then
+        first_ends[i] + step, its tokens known that far, one token a step. With the plain LRU queue the
+        blocks are taken at once (nothing else is freed or taken meanwhile, so they are the queue's first
+        ones, handed out in this order) and the hashes registered after (the hash map ends the same: its
+        evictions and registrations commute), the access log in the same order. Leaves num_computed_tokens
+        to the caller. Returns (step, counters()) after each step that took a block, in step order."""
+        pool, bs, caching = self.pool, self.block_size, self.enable_prefix_caching
+        noted: list = []
+        if not pool.plain_lru:  # one at a time
+            for key in keys:
+                j, i = divmod(key, per_step)
+                request = requests[i]
+                request.num_computed_tokens = first_ends[i] - 1 + j
+                if self.decode_slot(request):
+                    if noted and noted[-1][0] == j:
+                        noted.pop()
+                    noted.append((j, self.counters()))
+            return noted
+        req_blocks, req_hashed = self.req_blocks, self.req_num_hashed
+        rids = [r.request_id for r in requests]
+        lists = [req_blocks[rid] for rid in rids]
+        held = [len(blocks) for blocks in lists]
+        first_new = list(held)
+        hashed = [req_hashed.get(rid, 0) for rid in rids]
+        first_hashed = list(hashed)
+        takes: list[tuple[int, int]] = []  # (step, i) of each block taken, in order
+        registers: list[tuple[int, int, int]] = []  # (i, first block, end block) of each registration, in order
+        for key in keys:
+            j, i = divmod(key, per_step)
+            end, h = first_ends[i] + j, held[i]
+            if end > h * bs:
+                if end > (h + 1) * bs:
+                    raise ValueError(f"decode_slots: {rids[i]} needs more than one block at step {j}")
+                held[i] = h = h + 1
+                takes.append((j, i))
+            if caching:
+                full = min(end // bs, h)
+                if full > hashed[i]:
+                    registers.append((i, hashed[i], full))
+                    hashed[i] = full
+        free, cached, held_total, internal = self.counters()
+        if takes:
+            if len(takes) > free:
+                raise ValueError(f"decode_slots: {len(takes)} blocks to take, {free} free")
+            evicts = pool.head_cached(len(takes))
+            taken = pool.get_new_blocks(len(takes))
+            for (j, i), block, evicted in zip(takes, taken, evicts):
+                blocks, final = lists[i], requests[i].max_num_tokens
+                h = len(blocks)
+                if h == first_new[i]:  # its first new block: the change reported as decode_slot reports it
+                    self._changed(rids[i], h)
+                blocks.append(block)
+                internal += max(0, (h + 1) * bs - final) - max(0, h * bs - final)
+                free -= 1
+                cached -= evicted
+                held_total += 1
+                if noted and noted[-1][0] == j:
+                    noted.pop()
+                noted.append((j, (free, cached, held_total, internal)))
+            self.num_held_blocks_total, self.num_internal_slots = held_total, internal
+        if registers:
+            for i in {i for i, _, _ in registers}:
+                self._update_hashes(requests[i], hashed[i] * bs)
+            ranges = []
+            for i, start, end in registers:
+                request = requests[i]
+                extra = request.sampling_params.extra_args
+                label = extra.get("request_class") if extra else None  # as _cache_full_blocks
+                ranges.append((lists[i], request.block_hashes, start, end, label))
+            pool.cache_ranges(ranges)
+        for i, rid in enumerate(rids):
+            if held[i] != first_new[i] or hashed[i] != first_hashed[i]:
+                if caching:
+                    req_hashed[rid] = hashed[i]
+                self._set_fast_limit(rid, lists[i])
+        return noted
+
     def slot_limits(self) -> dict[str, int]:
         return self.req_fast_limit
 
