@@ -8,6 +8,7 @@ from operator import attrgetter
 from testbed.config import EngineConfig
 from testbed.core.allocators import get_allocator
 from testbed.core.allocators.base import KVCacheStats
+from testbed.core.allocators.counter_spans import CounterSpans
 from testbed.core.host_tier import attach_host_tier
 from testbed.core.policies import get_policy
 from testbed.core.sched_output import SchedulerOutput
@@ -110,7 +111,7 @@ class Engine:
         # a simulation's step skipping (step(horizon=...)); None: one step at a time
         speculating = self.speculator is not None
         self.decode_runs = kind.decode_runs(
-            self.scheduler, self.kv, self.executor, self._emit_run, self._emit_step, self._kv_compact, speculating
+            self.scheduler, self.kv, self.executor, self._emit_run, self._kv_compact, speculating
         )
 
     # ---- requests -----------------------------------------------------------------------------
@@ -338,8 +339,7 @@ class Engine:
         prefill_ids: list[str] | None = None,
         preempted_ids: list[str] | None = None,
     ) -> None:
-        """Count a step that ran and hand its StepStats to the callbacks (a simulation's decode runs:
-        _emit_run)."""
+        """Count a step that ran and hand its StepStats to the callbacks."""
         self.step_count += 1
         scheduler = self.scheduler
         kv = self._kv_stats()
@@ -372,17 +372,26 @@ class Engine:
     def _kv_compact(self):
         return kv_compact(self._kv_stats())
 
-    def _emit_run(self, start_times: list[float], end_times: list[float], kv: list) -> None:
-        """Count a simulation's decode run (testbed.sim.decode_runs) and hand it to the callbacks: whole
-        to those registered in run_callbacks, as one StepStats per step to the others."""
+    def _emit_run(
+        self,
+        start_times: list[float],
+        end_times: list[float],
+        kv: list | CounterSpans,
+        scheduled_ids: list[str],
+        num_finished: int,
+    ) -> None:
+        """Count a simulation's decode run (testbed.sim.decode_runs; num_finished: the requests that
+        finished in its last step) and hand it to the callbacks: whole to those registered in
+        run_callbacks, as one StepStats per step to the others."""
         run = StepRun(
             self.step_count + 1,
             start_times,
             end_times,
             kv,
             self.scheduler.num_waiting,
-            list(map(_request_id, self.scheduler.running)),
+            scheduled_ids,
             self.sampler.take_grammar_time(),
+            num_finished,
         )
         self.step_count += len(run)
         steps = None

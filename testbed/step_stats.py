@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from testbed.core.allocators.base import KVCacheStats
+from testbed.core.allocators.counter_spans import CounterSpans
 
 
 @dataclass
@@ -46,15 +47,17 @@ def kv_stats_of(compact) -> KVCacheStats:
 @dataclass
 class StepRun:
     """Consecutive pure decode steps with one batch: the same requests, one token each, none prefilling,
-    preempted, waiting or finishing. Per step only the times and the cache's state differ."""
+    preempted or waiting, none finishing but in the last step (num_finished). Per step only the times and
+    the cache's state differ, and the last step's num_running."""
 
     first_step: int  # the step number of the first
     start_times: list[float]
     end_times: list[float]  # the clock after each step (its duration is end - start, as StepStats')
-    kv: list  # the cache's state after each step (kv_compact)
+    kv: list | CounterSpans  # the cache's state after each step (kv_compact each)
     num_waiting: int
     scheduled_ids: list[str]
     grammar_time_s: float = 0.0  # the first step's (what the engine had gathered since the last step)
+    num_finished: int = 0  # requests that finished in the last step: its num_running is num_seqs less these
     scheduled_tokens: list[int] = field(init=False)  # one each
 
     def __post_init__(self) -> None:
@@ -70,8 +73,9 @@ class StepRun:
     def durations(self) -> list[float]:
         return [end - start for start, end in zip(self.start_times, self.end_times)]
 
-    def step(self, j: int) -> StepStats:
-        """The StepStats step j of the run would have had, stepped one by one."""
+    def step(self, j: int, kv=None) -> StepStats:
+        """The StepStats step j of the run would have had, stepped one by one (kv: its cache state, if
+        the caller has it)."""
         n, start = self.num_seqs, self.start_times[j]
         return StepStats(
             self.first_step + j,
@@ -82,8 +86,8 @@ class StepRun:
             n,
             0,
             self.num_waiting,
-            n,
-            kv_stats_of(self.kv[j]),
+            n - self.num_finished if j == len(self) - 1 else n,
+            kv_stats_of(self.kv[j] if kv is None else kv),
             self.grammar_time_s if j == 0 else 0.0,
             self.scheduled_ids,
             self.scheduled_tokens,
@@ -92,4 +96,4 @@ class StepRun:
         )
 
     def step_stats(self) -> list[StepStats]:
-        return [self.step(j) for j in range(len(self))]
+        return [self.step(j, kv) for j, kv in enumerate(self.kv)]

@@ -15,6 +15,7 @@ from operator import attrgetter, itemgetter
 import numpy as np
 import pandas as pd
 
+from testbed.core.allocators.counter_spans import CounterSpans, stats_table
 from testbed.step_stats import KV_FIELDS, StepRun, kv_stats_of
 
 # Columns of the requests table, in order (times: seconds on the engine clock).
@@ -167,6 +168,8 @@ def runs_columns(runs: list[StepRun]) -> dict[str, np.ndarray]:
         return np.repeat(per_run, lengths)
 
     seqs = each([run.num_seqs for run in runs])
+    running = seqs.copy()  # less the requests that finished, at each run's last step
+    running[firsts + lengths - 1] -= [run.num_finished for run in runs]
     empty: list = []
     return {
         "step": each([run.first_step for run in runs]) + within,
@@ -177,7 +180,7 @@ def runs_columns(runs: list[StepRun]) -> dict[str, np.ndarray]:
         "num_decode_tokens": seqs,
         "num_preempted": np.zeros(len(starts), dtype=np.int64),
         "num_waiting": each([run.num_waiting for run in runs]),
-        "num_running": seqs,
+        "num_running": running,
         "grammar_time_s": grammar,
         "scheduled_ids": each([run.scheduled_ids for run in runs], object),
         "scheduled_tokens": each([run.scheduled_tokens for run in runs], object),
@@ -198,28 +201,19 @@ KV_PARTS: tuple[str, ...] = ("num_blocks", "block_size", "used_blocks", "token_s
 KV_PARTS += ("internal_slots", "external_slots", "free_slots", "slack_token_slots")
 
 
-def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
-    """kv_fields of each step's cache stats (testbed.step_stats.kv_compact: KVCacheStats field tuples, or
-    objects), as int64 / float64 column arrays; None unless they are all plain ints of one type with the
-    KVCacheStats fields and a cache of at least one block."""
-    if all(type(s) is tuple for s in stats):
-        keys = [f"kv_{name}" for name in KV_FIELDS]
-        rows = stats
-    else:
-        objects = [kv_stats_of(s) for s in stats]
-        kind = type(objects[0])
-        if not dataclasses.is_dataclass(kind) or any(type(s) is not kind for s in objects):
-            return None
-        kv_fields(objects[0])  # makes the type's getter
-        getter, keys = _DATACLASS_FIELDS[kind]
-        rows = list(map(getter, objects))
-    # every value a plain int, every row one per key: one pass over all the values, then numpy reads them
-    if rows and (set(map(len, rows)) != {len(keys)} or set(map(type, chain.from_iterable(rows))) != {int}):
-        return None
-    table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * len(keys))
-    table = table.reshape(len(rows), len(keys))
-    columns: dict[str, np.ndarray] = {key: table[:, i] for i, key in enumerate(keys)}
-    if any(f"kv_{name}" not in columns for name in KV_PARTS):
+def kv_columns(runs_kv: list) -> dict[str, np.ndarray] | None:
+    """kv_fields of each step's cache stats, run after run (each a StepRun.kv: CounterSpans, or per step
+    testbed.step_stats.kv_compact: KVCacheStats field tuples, or objects), as int64 / float64 column
+    arrays; None unless they are all plain ints of one type with the KVCacheStats fields and a cache of
+    at least one block."""
+    # no tuple per step from CounterSpans (None: they are made of anything but plain ints)
+    table = stats_table(runs_kv) if runs_kv and all(type(kv) is CounterSpans for kv in runs_kv) else None
+    columns = (
+        dict(zip([f"kv_{name}" for name in KV_FIELDS], table))
+        if table is not None
+        else _kv_row_columns([stats for kv in runs_kv for stats in kv])
+    )
+    if columns is None or any(f"kv_{name}" not in columns for name in KV_PARTS):
         return None
     num_blocks, block_size, used, token, reserved, internal, external, free, slack = (
         columns[f"kv_{name}"] for name in KV_PARTS
@@ -236,6 +230,27 @@ def kv_columns(stats: list) -> dict[str, np.ndarray] | None:
     return columns
 
 
+def _kv_row_columns(stats: list) -> dict[str, np.ndarray] | None:
+    """kv_columns' int64 columns from each step's stats (tuples, or objects)."""
+    if all(type(s) is tuple for s in stats):
+        keys = [f"kv_{name}" for name in KV_FIELDS]
+        rows = stats
+    else:
+        objects = [kv_stats_of(s) for s in stats]
+        kind = type(objects[0])
+        if not dataclasses.is_dataclass(kind) or any(type(s) is not kind for s in objects):
+            return None
+        kv_fields(objects[0])  # makes the type's getter
+        getter, keys = _DATACLASS_FIELDS[kind]
+        rows = list(map(getter, objects))
+    # every value a plain int, every row one per key: one pass over all the values, then numpy reads them
+    if rows and (set(map(len, rows)) != {len(keys)} or set(map(type, chain.from_iterable(rows))) != {int}):
+        return None
+    table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * len(keys))
+    table = table.reshape(len(rows), len(keys))
+    return {key: table[:, i] for i, key in enumerate(keys)}
+
+
 def _fits(values: list, kind: np.dtype) -> bool:
     """Row values pandas would give this dtype too: Python ints within int64 (int64), floats (float64)."""
     if kind == np.dtype(np.int64):
@@ -250,7 +265,7 @@ def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str,
     column), else one list of every value (pandas infers its dtype, as from rows)."""
     if any(type(run.grammar_time_s) is not float for _, run in runs):
         return None  # runs_columns makes that column float64
-    kv = kv_columns([stats for _, run in runs for stats in run.kv])  # every run's at once
+    kv = kv_columns([run.kv for _, run in runs])  # every run's at once
     if kv is None:
         return None
     columns: dict = runs_columns([run for _, run in runs])
@@ -321,8 +336,8 @@ class Recorder:
         """A simulation's decode run (testbed.step_stats.StepRun), kept whole: its rows are made only
         when someone reads them (steps), the steps table takes its columns directly."""
         if self.listeners:  # they take rows
-            for j in range(len(run)):
-                self.on_step(run.step(j))
+            for stats in run.step_stats():
+                self.on_step(stats)
             return
         self._runs.append((len(self._rows), run))
 
@@ -333,7 +348,7 @@ class Recorder:
             rows, at = [], 0
             for position, run in self._runs:
                 rows += self._rows[at:position]
-                rows += (step_row(run.step(j)) for j in range(len(run)))
+                rows += map(step_row, run.step_stats())
                 at = position
             rows += self._rows[at:]
             self._rows, self._runs = rows, []

@@ -85,7 +85,7 @@ class ExecutorKind:
         """Whether steps overlap (async scheduling) when the config leaves it unset."""
         return False
 
-    def decode_runs(self, scheduler, kv, executor, emit_run, emit_step, kv_stats, speculating: bool):
+    def decode_runs(self, scheduler, kv, executor, emit_run, kv_stats, speculating: bool):
         """What advances runs of pure decode steps in one go (testbed.sim.decode_runs); None: step one by one."""
         return None
 

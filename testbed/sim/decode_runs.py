@@ -17,8 +17,9 @@ satisfy (the scheduler would preempt). A step in which requests finish (their le
 never a stop token) is not in the run if the caller may send on a finish (Engine.step's
 sends_on_finish) or the run is not planned (_run_stepwise); else the run takes it as its last step,
 ends the requests as the scheduler's update does (their blocks freed in the same order), records the
-step as the engine records such a step, and the next run, of the requests left, follows at once: the
-finished requests go back to the engine for their outputs.
+step with the run (a StepRun's last step may end requests: its num_running and cache state are those
+after the ends), and the next run, of the requests left, follows at once: the finished requests go back
+to the engine for their outputs.
 What is not eligible at all (then nothing is skipped): waiting requests, drafts, parallel-sampling groups,
 stop strings, a policy whose order or budget can change between steps (time_dependent, or one that
 overrides begin_step / step_budget / token_budget), a recorded run's clock (replay_steps). The equality
@@ -48,16 +49,14 @@ def _steady(policy: SchedulingPolicy) -> bool:
 
 
 class DecodeRuns:
-    def __init__(self, scheduler, kv, executor, emit_run, emit_step, kv_stats):
-        """emit_run(start_times, end_times, kv): the engine's record of the run's steps; emit_step(start,
-        num_seqs, num_prefill_tokens, num_decode_tokens, scheduled_ids, scheduled_tokens): its record of one
-        step (Engine._emit_step: a step in which requests finish); kv_stats(): the cache's state as the
-        engine reports it after a step (testbed.step_stats.kv_compact)."""
+    def __init__(self, scheduler, kv, executor, emit_run, kv_stats):
+        """emit_run(start_times, end_times, kv, scheduled_ids, num_finished): the engine's record of the
+        run's steps (Engine._emit_run; num_finished: the requests that finished in its last step);
+        kv_stats(): the cache's state as the engine reports it after a step (testbed.step_stats.kv_compact)."""
         self.scheduler = scheduler
         self.kv = kv
         self.executor = executor
         self.emit_run = emit_run
-        self.emit_step = emit_step
         self.kv_stats = kv_stats
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self.num_out_of_blocks = 0  # runs that ended where the free blocks ran out
@@ -75,7 +74,8 @@ class DecodeRuns:
                 "_cache_full_blocks",
                 "blocks_needed",
                 "counters",
-                "compact_stats_spans",
+                "compact_stats",
+                "counter_spans",
             )
         )
         # the paged cache's state after a step, from its counters as a tuple (what kv_stats gives, without
@@ -144,19 +144,17 @@ class DecodeRuns:
                 return total
             return total + self._run_stepwise(horizon, left)
 
-    def _finish(self, running: list, start: float, ended: list) -> None:
+    def _finish(self, running: list, ended: list) -> int:
         """The run's last step, one in which requests finish (their last token; the run made its
         allocations, price and tokens): ended as the engine's update ends them (Scheduler.end_decoded),
-        appended to `ended` in batch order, then the step recorded as the engine records it."""
+        appended to `ended` in batch order; returns how many."""
         done = [r for r in running if len(r.all_token_ids) >= r.max_num_tokens]
         if not done:
             raise RuntimeError("decode run: no request finished in the step planned to finish one")
-        ids = [r.request_id for r in running]
         self.scheduler.end_decoded(done, self.executor.token_id)
         ended += done
         self.num_finishing += 1
-        n = len(running)
-        self.emit_step(start, n, 0, n, ids, [1] * n)
+        return len(done)
 
     def _plannable(self) -> bool:
         """Whether a run's allocations can be planned ahead: the paged allocator's own decode allocation,
@@ -182,9 +180,8 @@ class DecodeRuns:
         batch order (PagedAllocator.decode_slots: allocate_slots' one-token path, at once), checked against
         the plan, and the cache state noted after each step from the counters at the steps that took
         blocks. None (nothing changed) where the plan does not apply: a negative price, or a request that
-        would need more than one block in a step. With `ended`, step
-        max_steps - 1 is one in which requests finish: if the run gets there, _finish ends them (into
-        `ended`) and records that step."""
+        would need more than one block in a step. With `ended`, step max_steps - 1 is one in which requests
+        finish: if the run gets there, _finish ends them (into `ended`), and the run is recorded with it."""
         sched, kv, ex = self.scheduler, self.kv, self.executor
         clock, token = ex.clock, ex.token_id
         running = list(sched.running)
@@ -248,7 +245,7 @@ class DecodeRuns:
                 return 0
         keys.sort()
         finish = ended is not None and steps == max_steps
-        recorded = steps - 1 if finish else steps  # the steps recorded as a StepRun
+        noted_steps = steps - 1 if finish else steps  # a finishing step's cache state is noted after its frees
         run_tokens, run_times = [token] * steps, ends[:steps]
         for r in running:
             r.output_token_ids.extend(run_tokens)
@@ -258,17 +255,15 @@ class DecodeRuns:
         # counters change only at the steps that take a block
         before = kv.counters()
         taken = kv.decode_slots(running, base, keys[: bisect_left(keys, steps * n)], n)
-        spans: list = []  # (steps, the cache's counters during them)
+        computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
+        kv_after = kv.counter_spans(n)  # the cache's state after each step
         noted, counters = 0, before
         for j, after in taken:
-            if j >= recorded:
+            if j >= noted_steps:
                 break
-            if j > noted:
-                spans.append((j - noted, counters))
+            kv_after.add(j - noted, computed + (noted + 1) * n, counters)  # nothing when j == noted
             noted, counters = j, after
-        spans.append((recorded - noted, counters))
-        computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
-        kv_after = kv.compact_stats_spans(computed + n, n, spans)
+        kv_after.add(noted_steps - noted, computed + (noted + 1) * n, counters)
         computed += steps * n
         if before[0] - kv.num_free_blocks != sum(1 for j in crossings if j < steps):
             raise RuntimeError("decode run: the blocks taken are not those planned")
@@ -289,11 +284,12 @@ class DecodeRuns:
         ex.num_steps += steps
         clock.now = ends[steps - 1]
         self.num_skipped += steps
-        starts = [first_start, *ends[: steps - 1]]
-        if recorded:
-            self.emit_run(starts[:recorded], run_times[:recorded], kv_after)
+        ids = [r.request_id for r in running]
+        finished = 0
         if finish and ended is not None:
-            self._finish(running, starts[-1], ended)
+            finished = self._finish(running, ended)
+            kv_after.add(1, sched.running_computed_tokens, kv.counters())  # after its frees, as the engine notes it
+        self.emit_run([first_start, *ends[: steps - 1]], run_times, kv_after, ids, finished)
         return steps
 
     def _run_stepwise(self, horizon: float, max_steps: int) -> int:
@@ -366,7 +362,7 @@ class DecodeRuns:
             self._materialize(r, materialized, i, j, ends, token)
             r.num_computed_tokens = base[i] - 1 + j
         self.num_skipped += j
-        self.emit_run(starts, ends, kv_after)
+        self.emit_run(starts, ends, kv_after, [r.request_id for r in running], 0)
         return j
 
     def _allocate(self, running, base, due, j, times, materialized, token) -> bool:

@@ -70,9 +70,9 @@ class SimKind(ExecutorKind):
         )
         return ExecutorParts(executor, None, speculator)
 
-    def decode_runs(self, scheduler, kv, executor, emit_run, emit_step, kv_stats, speculating: bool):
+    def decode_runs(self, scheduler, kv, executor, emit_run, kv_stats, speculating: bool):
         if self.plan.config.skip_steps and not speculating:
-            return DecodeRuns(scheduler, kv, executor, emit_run, emit_step, kv_stats)
+            return DecodeRuns(scheduler, kv, executor, emit_run, kv_stats)
         return None
 
     def summary(self, executor) -> dict:

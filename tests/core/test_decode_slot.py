@@ -67,27 +67,6 @@ def test_decode_slot_equals_allocate_slots(block_size, caching, seed):
     assert stepped[7][1] > 0 or not caching or block_size == 16  # evictions happened (the check is not empty)
 
 
-def test_compact_stats_spans_equal_each_step():
-    """A decode run notes the cache's state for its steps at once from the counters it read where blocks
-    were taken (compact_stats_spans): the same tuples as compact_stats at each step's computed tokens,
-    with the counters of that step."""
-    kv = PagedAllocator(20, 4, True)
-    r = Request("r", list(range(10)), SamplingParams(max_tokens=5))
-    kv.allocate_slots(r, 10)
-    r.num_computed_tokens = 10
-    before, stats_before = kv.counters(), [kv.compact_stats(7 + 3 * k) for k in range(6)]
-    assert before == (17, 0, 3, 0)  # three blocks held: the counters are read, not assumed
-    r.num_computed_tokens = 12
-    kv.allocate_slots(r, 1)  # a fourth block
-    after, stats_after = kv.counters(), [kv.compact_stats(7 + 3 * k) for k in range(6)]
-    assert after == (16, 0, 4, 1)
-    spans = [(2, before), (0, after), (3, after), (1, before)]
-    expected = stats_before[:2] + stats_after[2:5] + stats_before[5:]
-    assert kv.compact_stats_spans(7, 3, spans) == expected
-    assert kv.compact_stats_spans(7, 0, [(2, after)]) == [kv.compact_stats(7)] * 2
-    assert kv.compact_stats_spans(7, 3, []) == []
-
-
 def decode_run(block_size: int, caching: bool, eviction: str, seed: int, keys: list[int] | None = None) -> tuple:
     """Requests that shared prefixes finished (their blocks cached free, decode blocks included), then a run
     of requests with the same prompts decoding the same token: their decode blocks get the hashes of cached

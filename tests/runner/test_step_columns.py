@@ -8,6 +8,7 @@ import pytest
 
 from experiments.results.recorder import Recorder
 from testbed.core.allocators.base import KVCacheStats
+from testbed.core.allocators.counter_spans import CounterSpans
 from testbed.step_stats import StepRun, StepStats, kv_compact
 
 
@@ -35,10 +36,17 @@ def row(step: int, **changes) -> StepStats:
     return StepStats(**(fields | changes))
 
 
-def run(first: int, k: int) -> StepRun:
+def run(first: int, k: int, finished: int = 0, spans: bool = False) -> StepRun:
+    """k steps of three requests, `finished` of them ending in the last; the cache's state a tuple per
+    step, or (spans) counters that change halfway (as a simulated decode run notes them)."""
     starts = [first * 0.5 + 0.1 * j for j in range(k)]
     ends = [t + 0.075 for t in starts]
-    return StepRun(first, starts, ends, [kv_compact(kv(j % 5 + 1)) for j in range(k)], 3, ["a", "b", "c"], 0.125)
+    kvs: list | CounterSpans = [kv_compact(kv(j % 5 + 1)) for j in range(k)]
+    if spans:
+        kvs = CounterSpans(100, 16, 3)
+        kvs.add(k // 2, 40 + first, (60, 2, 40, 5))
+        kvs.add(k - k // 2, 40 + first + 3 * (k // 2), (58, first % 3, 42, 7))
+    return StepRun(first, starts, ends, kvs, 3, ["a", "b", "c"], 0.125, num_finished=finished)
 
 
 @pytest.mark.parametrize(
@@ -50,20 +58,24 @@ def run(first: int, k: int) -> StepRun:
         ("rRrr", {"grammar_time_s": 0}),  # an int among a float column's values: one list, pandas infers
         ("Rr", {"num_waiting": 2**64}),  # beyond int64
         ("RRr", {"num_preempted": None}),  # a missing value
+        ("SrSSr", {}),  # the cache's state as counter spans
+        ("rSRrS", {}),  # spans and tuples: the columns made from tuples
+        ("SSr", {"num_waiting": 2**64}),
     ],
 )
 def test_columns_equal_rows(layout, changes):
     recorder, step = Recorder(), 1
     for i, kind in enumerate(layout):
-        if kind == "R":
-            r = run(step, 3 + i)
+        if kind in "RS":
+            r = run(step, 3 + i, finished=i % 3, spans=kind == "S")  # their last steps end 0, 1 or 2 requests
             recorder.on_run(r)
         else:
             recorder.on_step(row(step, **(changes if i == len(layout) - 1 else {})))
-        step += len(r) if kind == "R" else 1
+        step += len(r) if kind in "RS" else 1
     columns = recorder.steps_frame()
     rows = pd.DataFrame(recorder.steps)
     assert not recorder._runs and len(rows) == step - 1
+    assert (rows["num_running"] < rows["num_seqs"]).sum() == sum(i % 3 > 0 for i, k in enumerate(layout) if k in "RS")
     assert list(columns.dtypes) == list(rows.dtypes)
     assert columns.equals(rows)
 
@@ -76,6 +88,22 @@ def test_cache_stats_not_all_plain_ints(odd):
     recorder.on_step(row(1))
     odd_stats = dataclasses.replace(kv(3), used_token_slots=odd)
     recorder.on_run(StepRun(2, [1.0, 1.1], [1.05, 1.15], [kv_compact(kv(2)), kv_compact(odd_stats)], 3, ["a"], 0.0))
+    columns = recorder.steps_frame()
+    rows = pd.DataFrame(recorder.steps)
+    assert list(columns.dtypes) == list(rows.dtypes)
+    assert columns.equals(rows)
+
+
+@pytest.mark.parametrize("odd", [True, 2**62])
+def test_counter_spans_not_plain_ints_in_range(odd):
+    """Counter spans made of anything but plain ints in range (a bool; one whose products would leave
+    int64's range): the same table as their rows give."""
+    recorder = Recorder()
+    recorder.on_step(row(1))
+    recorder.on_run(run(2, 4, spans=True))
+    odd_spans = CounterSpans(100, 16, 3)
+    odd_spans.add(2, 40, (60, odd, 40, 5))
+    recorder.on_run(StepRun(6, [3.0, 3.1], [3.05, 3.15], odd_spans, 3, ["a"], 0.0, num_finished=1))
     columns = recorder.steps_frame()
     rows = pd.DataFrame(recorder.steps)
     assert list(columns.dtypes) == list(rows.dtypes)

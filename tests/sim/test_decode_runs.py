@@ -15,6 +15,7 @@ from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.results.files import load_run
 from experiments.results.recorder import Recorder
 from experiments.run.runner import build_engine, run_trace
+from testbed.engine import Engine
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.shape import StepShape
 
@@ -108,6 +109,14 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
     monkeypatch.setattr(DecodeRuns, "run", counted)
     plan = lambda self, *args: planned.append(real_planned(self, *args)) or planned[-1]
     monkeypatch.setattr(DecodeRuns, "_run_planned", plan)
+    ending_runs = []  # runs whose last step ended requests (recorded whole, not as a full step)
+    real_emit_run = Engine._emit_run
+
+    def emit_run(self, starts, ends, kv, ids, num_finished):
+        ending_runs.append(num_finished > 0)
+        real_emit_run(self, starts, ends, kv, ids, num_finished)
+
+    monkeypatch.setattr(Engine, "_emit_run", emit_run)
     s_step, r_step, st_step = run(tmp_path, "step", overrides + ["executor.skip_steps=false"])
     assert not skipped  # the switch turns it off
     s_skip, r_skip, st_skip = run(tmp_path, "skip", overrides)
@@ -131,6 +140,7 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
     # sending by the clock alone (open loop, offline), runs take the steps in which requests finish; a
     # driver that may send on a finish (closed loop, sessions) gets each such step from a full engine step
     finishing = sum(r.num_finishing for r in set(runners))
+    assert sum(ending_runs) == finishing
     if case.endswith("closed") or case == "sessions":
         assert finishing == 0
     elif case not in ("host-tier", "azure-mlfq"):

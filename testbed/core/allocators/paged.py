@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 
 from testbed.core.allocators.base import CopyKind, KVAllocator, KVCacheStats
+from testbed.core.allocators.counter_spans import CounterSpans
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.request import Request
 
@@ -428,35 +429,8 @@ class PagedAllocator(KVAllocator):
         holders, internal slots)."""
         return self.pool.num_free_blocks, self.pool.num_cached_free, self.num_held_blocks_total, self.num_internal_slots
 
-    def compact_stats_spans(self, num_computed_tokens: int, per_step: int, spans) -> list[tuple[int, ...]]:
-        """compact_stats after each step of consecutive spans of steps, each (count, counters()) with the
-        cache's counters as they were during it: step k overall has num_computed_tokens + k * per_step
-        computed tokens. What a simulated decode run notes of its steps (testbed.sim.decode_runs): the
-        counters change only where it takes a block."""
-        bs, num_blocks = self.block_size, self.num_blocks
-        out: list[tuple[int, ...]] = []
-        c = num_computed_tokens
-        for count, (free, cached, held, internal) in spans:
-            used_blocks = num_blocks - free
-            used, held, free_slots = used_blocks * bs, held * bs, free * bs
-            end = c + count * per_step
-            computed = range(c, end, per_step) if per_step else [c] * count
-            out += [
-                (
-                    num_blocks,
-                    bs,
-                    used_blocks,
-                    used - (held - k),
-                    held - k,
-                    cached,
-                    free,
-                    used - (held - k),
-                    held - k - internal,
-                    internal,
-                    0,
-                    free_slots,
-                )
-                for k in computed
-            ]
-            c = end
-        return out
+    def counter_spans(self, per_step: int) -> CounterSpans:
+        """An empty record of compact_stats over consecutive steps, from counters() read where they change
+        and computed tokens growing by per_step each step: what a simulated decode run notes of its
+        steps (testbed.sim.decode_runs)."""
+        return CounterSpans(self.num_blocks, self.block_size, per_step)
