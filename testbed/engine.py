@@ -188,7 +188,9 @@ class Engine:
         return self.running_step is not None or self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------------
-    def step(self, horizon: float | None = None, sends_on_finish: bool = True) -> list[RequestOutput]:
+    def step(
+        self, horizon: float | None = None, sends_on_finish: bool = True, finish_in_run: bool = False
+    ) -> list[RequestOutput]:
         """One step: schedule -> execute -> update -> stop strings -> drafts -> outputs. Each part returns
         what it decided and the engine applies it (_finish_step). With async scheduling the next
         step is scheduled and started before this one's tokens are read, and the outputs returned are
@@ -198,9 +200,11 @@ class Engine:
         the pure decode steps that follow this one and start before it in one go (testbed.sim.decode_runs:
         the same steps, step records and request times as stepping; of their outputs only those of the
         requests that finished are returned, after this step's). None: one step. sends_on_finish: the
-        caller may add a request when one finishes (closed loop, sessions), so a step in which one finished
-        ends there, and a run stops before one; False (it sends by the clock alone, as an open-loop
-        replay): the horizon holds past it, and a run goes on through the steps in which requests finish."""
+        caller may add a request when one finishes (closed loop, sessions, a cluster), so a step in which
+        one finished ends there, and a run stops before one, or with finish_in_run ends with the first
+        (the caller gets its outputs at that step's end, as from the step alone: a single engine's driver);
+        False (it sends by the clock alone, as an open-loop replay): the horizon holds past it, and a run
+        goes on past the steps in which requests finish."""
         if self.async_steps is not None:
             return self._step_async(self.async_steps)
         start = self.clock()
@@ -214,11 +218,11 @@ class Engine:
             and self.decode_runs is not None
             and not (sends_on_finish and any(o.finished for o in outputs))
         ):
-            if sends_on_finish:
+            if sends_on_finish and not finish_in_run:
                 self.decode_runs.run(horizon)
             else:
                 ended: list[Request] = []
-                self.decode_runs.run(horizon, ended)
+                self.decode_runs.run(horizon, ended, past_finishes=not sends_on_finish)
                 if ended:  # their final outputs, as the steps that ended them would have made them
                     outputs += self.output_processor.process(
                         StepUpdates(ended, [r.output_token_ids[-1:] for r in ended])

@@ -14,12 +14,13 @@ token lists and times are extended once at the end, and the engine records the r
 The run stops before any step that could differ from the run's shape: one that would start at or after
 `horizon` (the caller adds a request then), and one whose allocations the free blocks could not all
 satisfy (the scheduler would preempt). A step in which requests finish (their length: a run's token is
-never a stop token) is not in the run if the caller may send on a finish (Engine.step's
-sends_on_finish) or the run is not planned (_run_stepwise); else the run takes it as its last step,
-ends the requests as the scheduler's update does (their blocks freed in the same order), records the
-step with the run (a StepRun's last step may end requests: its num_running and cache state are those
-after the ends), and the next run, of the requests left, follows at once: the finished requests go back
-to the engine for their outputs.
+never a stop token) is not in a run that is not planned (_run_stepwise); a planned run takes it as its
+last step, ends the requests as the scheduler's update does (their blocks freed in the same order) and
+records the step with the run (a StepRun's last step may end requests: its num_running and cache state
+are those after the ends); the finished requests go back to the engine for their outputs. If the caller
+may send on a finish (Engine.step's sends_on_finish) the run ends there, the caller getting them at that
+step's end as from the step alone (finish_in_run), or stops before it; else the next run, of the requests
+left, follows at once.
 What is not eligible at all (then nothing is skipped): waiting requests, drafts, parallel-sampling groups,
 stop strings, a policy whose order or budget can change between steps (time_dependent, or one that
 overrides begin_step / step_budget / token_budget), a recorded run's clock (replay_steps). The equality
@@ -119,11 +120,11 @@ class DecodeRuns:
                 steps = left
         return -1 if steps is None else max(steps, 0)
 
-    def run(self, horizon: float, ended: list | None = None) -> int:
+    def run(self, horizon: float, ended: list | None = None, past_finishes: bool = True) -> int:
         """Advance decode steps while each would start before `horizon`; returns how many ran. `ended`: a
-        list for the requests that finish in the run, in the order they finish: the run then goes on
-        through the steps in which requests finish (planned runs only: _finish); None: it stops before
-        the first such step."""
+        list for the requests that finish in the run, in the order they finish: the run then takes the
+        steps in which requests finish (planned runs only: _finish), going on past them (`past_finishes`)
+        or ending with the first; None: it stops before the first such step."""
         if type(self.executor.clock) is not VirtualClock:  # its time is read and moved here directly
             return 0
         total = 0
@@ -137,7 +138,7 @@ class DecodeRuns:
                 ran = self._run_planned(horizon, max_steps, ended)
                 if ran is not None:
                     total += ran
-                    if ran == max_steps and ended is not None:
+                    if ran == max_steps and ended is not None and past_finishes:
                         continue  # it ended with a step in which requests finished: the next run, of the others
                     return total
             if left <= 0:
