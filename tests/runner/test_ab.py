@@ -4,18 +4,27 @@ AB ...), each run its own run.py process, into two repeated-run folders that exp
 Identical sides on the simulator: identical pairs, no difference. A planted difference on the host executor
 (no model; each step holds the "device" for executor.step_time_s, timed by this machine's clock): steps
 10% longer on B, found at 5 pairs; the runs' own clock readings show the sides interleaved, so compare
-does not call them sequential."""
+does not call them sequential.
 
+Those two tests run each child as run.py's own entry point in this process (`runs_here`): they are about the
+schedule, the folders, the seeds and the comparison, and a run.py process would only start Python, torch
+and Hydra once more per run. The Ctrl-C test runs the real thing, the runner as a command and every run its
+own run.py process (signals, exit codes, the child's command line and environment)."""
+
+import contextlib
 import json
+import logging
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
 
 import pandas as pd
+import pytest
 
-from experiments.run.ab import Slot, main, schedule
+from experiments.run.ab import Runner, Slot, main, schedule
 
 from .helpers import ROOT
 
@@ -36,6 +45,7 @@ HOST = [
     "executor=host",
     "model=tiny",
     "kernel=torch",
+    "cache.num_blocks=256",  # the default fills the KV budget: 131,072 blocks to build in every run
     "trace=synthetic",
     "trace.num_requests=8",
     "trace.prompt_len={dist:fixed,value:16}",
@@ -44,6 +54,35 @@ HOST = [
     "replay.concurrency=4",
 ]
 SAME = "no significant difference"
+
+
+def run_here(self, cmd: list[str], log) -> tuple[int, bool]:
+    """Runner._child's contract (exit code, stopped) with `python run.py ARGS` run as __main__ in this
+    process: run.py's own entry point, its Hydra command line and run folder, output into the run's log."""
+    assert cmd[:2] == [sys.executable, str(ROOT / "run.py")], cmd
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        argv, sys.argv = sys.argv, cmd[1:]
+        try:
+            runpy.run_path(cmd[1], run_name="__main__")
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+        finally:
+            sys.argv = argv
+            for h in root.handlers[:]:  # Hydra's job logging (console and run.log): this run's only
+                if h not in handlers:
+                    root.removeHandler(h)
+                    h.close()
+            root.handlers[:0] = [h for h in handlers if h not in root.handlers]
+            root.setLevel(level)
+    return rc, False
+
+
+@pytest.fixture
+def runs_here(monkeypatch):
+    monkeypatch.setattr(Runner, "_child", run_here)
 
 
 def order(out) -> list[tuple[str, str]]:
@@ -64,7 +103,7 @@ def test_the_order_is_balanced_for_a_linear_trend():
     assert drift == 0
 
 
-def test_identical_sides_on_the_simulator(tmp_path, capsys):
+def test_identical_sides_on_the_simulator(tmp_path, capsys, runs_here):
     out = tmp_path / "ab"
     assert main(["--pairs", "2", "--warmup", "1", "--out", str(out), *SIM, "replay.warmup_runs=1"]) == 0
     printed = capsys.readouterr().out
@@ -86,7 +125,7 @@ def test_identical_sides_on_the_simulator(tmp_path, capsys):
     assert (out / "compare.txt").read_text().strip() == printed.strip()
 
 
-def test_a_planted_ten_percent_is_found_at_five_interleaved_pairs(tmp_path):
+def test_a_planted_ten_percent_is_found_at_five_interleaved_pairs(tmp_path, runs_here):
     out = tmp_path / "ab"
     rc = main(
         ["--a", "executor.step_time_s=0.02", "--b", "executor.step_time_s=0.022", "--pairs", "5", "--warmup", "0"]
