@@ -1,0 +1,53 @@
+"""The README's target check across studies: per pair of studies and cost model, the targeted figures (median and
+p99 of TTFT, TPOT, E2EL) of the cells both studies ran, met (raw error within the target) in both / one / neither,
+raw errors of the same sign, U in each; then v2, v6 and v7 (the three passing calibrations) together.
+
+    python results/fidelity/passing_pairs.py > results/fidelity/passing_pairs.txt
+
+Reads each folder's drift_matched.csv (written by experiments.studies.fidelity_reanalyze).
+"""
+
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+TARGETED = ["median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms"]
+PAIRS = [
+    ("v6_2026-12-03", "v7_2026-12-03"),
+    ("v2_2026-12-02", "v6_2026-12-03"),
+    ("v2_2026-12-02", "v7_2026-12-03"),
+    ("v3_2026-12-03", "v7_2026-12-03"),
+]
+
+
+def load(folder: str) -> pd.DataFrame:
+    df = pd.read_csv(HERE / folder / "drift_matched.csv")
+    return df[df.metric.isin(TARGETED)].set_index(["cell", "cost_model", "metric"])
+
+
+for first, second in PAIRS:
+    a, b = load(first), load(second)
+    both = a.index.intersection(b.index)
+    for model in ("profile", "operators"):
+        idx = [i for i in both if i[1] == model]
+        x, y = a.loc[idx], b.loc[idx]
+        ma, mb = x.verdict.eq("met"), y.verdict.eq("met")
+        print(f"{first[:2]} + {second[:2]} {model}: n {len(idx)}, met in both {(ma & mb).sum()}, one {(ma ^ mb).sum()}, "
+              f"neither {(~ma & ~mb).sum()}, same sign {(x.raw_error * y.raw_error > 0).sum()}, "
+              f"U {x.verdict.eq('unexplained').sum()} / {y.verdict.eq('unexplained').sum()}")
+        per = []
+        for metric in TARGETED:
+            pm, qm = ma.xs(metric, level=2), mb.xs(metric, level=2)
+            per.append(f"{metric} {(pm & qm).sum()}/{(pm ^ qm).sum()}/{(~pm & ~qm).sum()}")
+        print("   both/one/neither per metric: " + ", ".join(per))
+
+studies = {name[:2]: load(name) for name in ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03")}
+shared = studies["v2"].index.intersection(studies["v6"].index).intersection(studies["v7"].index)
+for model in ("profile", "operators"):
+    idx = [i for i in shared if i[1] == model]
+    met = pd.DataFrame({k: d.loc[idx, "verdict"].eq("met") for k, d in studies.items()}).sum(axis=1)
+    sign = pd.DataFrame({k: d.loc[idx, "raw_error"] for k, d in studies.items()})
+    same = ((sign > 0).all(axis=1) | (sign < 0).all(axis=1)).sum()
+    print(f"v2 + v6 + v7 {model}: n {len(idx)}, met in 3 / 2 / 1 / 0 studies: "
+          + " / ".join(str((met == k).sum()) for k in (3, 2, 1, 0)) + f", same sign in all three {same}")
