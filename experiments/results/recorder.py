@@ -420,4 +420,5 @@ class Recorder:
         if not self._runs:
             return pd.DataFrame(self._rows)
         columns = step_columns(self._rows, self._runs)
-        return pd.DataFrame(self.steps if columns is None else columns)
+        # the column arrays as they are (made here, nobody else holds them): no copy into 2-D blocks
+        return pd.DataFrame(self.steps) if columns is None else pd.DataFrame(columns, copy=False)

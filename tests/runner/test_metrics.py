@@ -5,6 +5,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from experiments.results.metrics import SLOError, check_slo, chunk_gaps, step_summary, summarize
 from experiments.results.recorder import kv_fields
@@ -161,3 +163,19 @@ def test_step_summary_is_time_weighted():
     assert s["kv_utilization_mean"] == pytest.approx((0.2 * 1 + 0.6 * 3) / 4)
     assert s["frag_internal"] == pytest.approx(0.1 / 4)
     assert s["kv_utilization_max"] == 0.6 and s["mean_batch_size"] == 3
+
+
+@given(st.lists(st.lists(st.floats(0, 1e4, allow_nan=False), max_size=12), min_size=1, max_size=8))
+def test_itl_statistics_are_those_of_every_gap_in_order(token_times):
+    """The ITL statistics: mean / median / std / percentiles of every request's chunk gaps, request after
+    request, to the last bit (gaps of repeated times dropped; a request of one token or none adds none)."""
+    rows = [
+        {"arrival_time": 0.0, "first_token_time": 0.0, "finish_time": 1e4, "prompt_tokens": 1}
+        | {"output_tokens": len(times), "token_times": sorted(times)}
+        for times in token_times
+    ]
+    s = summarize(table(rows), pd.DataFrame(), start_time=0.0, end_time=1e4)
+    gaps = [1e3 * g for row in rows for g in np.diff(row["token_times"]).tolist() if g > 0] or [0.0]
+    assert s["mean_itl_ms"] == float(np.mean(gaps)) and s["std_itl_ms"] == float(np.std(gaps))
+    assert s["median_itl_ms"] == float(np.median(gaps))
+    assert s["p99_itl_ms"] == float(np.percentile(gaps, 99))
