@@ -28,6 +28,8 @@ tables for a finished study folder: python -m experiments.studies.fidelity_reana
 """
 
 import argparse
+import copy
+import functools
 import json
 import sys
 import time
@@ -60,18 +62,26 @@ def compose(overrides: list[str]):
 
 
 def simulate(overrides: list[str], profile: Path, name: str, run_dir: Path, cost_scale: float = 1.0) -> dict:
-    """One simulation of a cell's composed overrides with cost model `name`, its prices x cost_scale."""
-    cfg = compose(
+    """One simulation of a cell's composed overrides with cost model `name`, its prices x cost_scale. A cell's
+    simulations differ in cost_scale alone, so it is set on a copy of their config, composed once: a compose
+    costs more than a small simulation (the drift-matched ones are most of a study's runs)."""
+    cfg = copy.deepcopy(sim_config(tuple(overrides), profile, name))
+    cfg.executor.cost_scale = float(cost_scale)
+    return run_trace(cfg, run_dir)
+
+
+@functools.lru_cache(maxsize=4)
+def sim_config(overrides: tuple[str, ...], profile: Path, name: str):
+    """The composed config of a cell's simulations with cost model `name` (never handed out: copy it)."""
+    return compose(
         [
             *overrides,
             "executor=sim",
             f"executor.cost_model={name}",
             f"executor.profile={profile}",
             "executor.allow_extrapolation=true",
-            f"executor.cost_scale={cost_scale!r}",
         ]
     )
-    return run_trace(cfg, run_dir)
 
 
 def cost_model(name: str, profile: Path, engine):
@@ -97,6 +107,7 @@ class Study:
         self.matching_probe = drift_tables.reference_probe(meta)  # --drift-matched: the mean of its three
         self.setup = [f"model={meta['model']}", f"kernel={meta['kernel']}"]
         self.user = engine_overrides  # last: the user's overrides win over the cell's (e.g. shorter outputs)
+        self.slo = config_value(compose([*self.setup, *self.user]), "slo")  # summary.md's, named after every cell
         self.engine = None  # the last real engine (reads the trace for its native rate)
         self.runs: list[dict] = []
         self.steps: list[dict] = []
@@ -277,7 +288,7 @@ class Study:
         for name, table in tables.items():
             with atomic_open(out / f"{name}.csv") as f:
                 table.to_csv(f, index=False)
-        slo = config_value(compose([*self.setup, *self.user]), "slo")
+        slo = self.slo
         header = (
             f"Fidelity study v2: profile `{self.profile.name}`, {self.args.repeats} real repeats per cell, "
             f"SLO {json.dumps(dict(slo) if slo else None)}, knee at attainment >= {self.args.attainment}. "
