@@ -71,6 +71,7 @@ class DecodeRuns:
                 "allocate_slots",
                 "decode_slot",
                 "decode_slots",
+                "plan_decode",
                 "_set_fast_limit",
                 "_cache_full_blocks",
                 "blocks_needed",
@@ -173,31 +174,22 @@ class DecodeRuns:
 
     def _run_planned(self, horizon: float, max_steps: int, ended: list | None = None) -> int | None:
         """The run as _run_stepwise makes it, planned instead of found step by step: the step times first
-        (the steps starting before `horizon`, summed in the same order), then each request's allocation
-        events (the steps at which the allocator's fast limit is passed: a block fills up or a new one is
-        needed), computed from its block counts as PagedAllocator.allocate_slots would move them; the run
-        ends before the first step whose new blocks the free ones cannot all cover (they only shrink
-        during a run: nothing is freed, nothing admitted). Then the allocations are made, as in step and
-        batch order (PagedAllocator.decode_slots: allocate_slots' one-token path, at once), checked against
-        the plan, and the cache state noted after each step from the counters at the steps that took
-        blocks. None (nothing changed) where the plan does not apply: a negative price, or a request that
-        would need more than one block in a step. With `ended`, step max_steps - 1 is one in which requests
-        finish: if the run gets there, _finish ends them (into `ended`), and the run is recorded with it."""
+        (the steps starting before `horizon`, summed in the same order), then where each request's
+        allocations fall (PagedAllocator.plan_decode: the steps at which its fast limit is passed, a block
+        filled or a new one needed, as allocate_slots would move its counts); the run ends before the
+        first step whose new blocks the free ones cannot all cover (they only shrink during a run:
+        nothing is freed, nothing admitted). Then the allocations are made as in step and batch order
+        (PagedAllocator.decode_slots: allocate_slots' one-token path, at once), checked against the plan,
+        and the cache state noted after each step from the counters at the steps that took blocks. None
+        (nothing changed) where the plan does not apply: a negative price, or a request the allocator's
+        fast path does not decide (plan_decode). With `ended`, step max_steps - 1 is one in which
+        requests finish: if the run gets there, _finish ends them (into `ended`), and the run is recorded
+        with it."""
         sched, kv, ex = self.scheduler, self.kv, self.executor
         clock, token = ex.clock, ex.token_id
         running = list(sched.running)
         n = len(running)
-        bs, caching = kv.block_size, kv.enable_prefix_caching
-        limits, req_blocks, hashed = kv.req_fast_limit, kv.req_blocks, kv.req_num_hashed
         base = [len(r.all_token_ids) for r in running]
-        state = []  # (fast limit, held blocks, registered blocks) per request
-        for r, b in zip(running, base):
-            rid = r.request_id
-            limit = limits.get(rid)
-            held = len(req_blocks.get(rid, ()))
-            if limit is None or (held + 1) * bs < b:  # the full path decides / two blocks in one step
-                return None
-            state.append((limit, held, hashed.get(rid, 0)))
         # the step times: priced in the blocks _run_stepwise prices them in, summed one by one
         prices: list[float] = []
         ends: list[float] = []
@@ -219,32 +211,16 @@ class DecodeRuns:
                 break
         if steps == 0:
             return 0
-        # the allocation events: (step * n + position) keys; the steps of new blocks
-        keys: list[int] = []
-        crossings: list[int] = []
-        for i, (limit, held, full) in enumerate(state):
-            b = base[i]
-            j = max(limit - b + 1, 0)
-            while j < steps:
-                end = b + j  # the tokens with slots after step j's allocation
-                if end > held * bs:
-                    held += 1
-                    crossings.append(j)
-                if caching:
-                    full = max(full, min(end // bs, held))
-                    limit = min(held * bs, (full + 1) * bs - 1)
-                else:
-                    limit = held * bs
-                keys.append(j * n + i)
-                j = limit - b + 1
-        free = kv.num_free_blocks
-        if len(crossings) > free:  # stop before the step whose new blocks are not all there
-            crossings.sort()
-            steps = crossings[free]
+        # the allocations: where blocks are taken and registered (step * n + position keys)
+        plan = kv.plan_decode(running, base, steps)
+        if plan is None:
+            return None
+        fit, takes, registers = plan
+        if fit < steps:  # stop before the step whose new blocks are not all there
+            steps = fit
             self.num_out_of_blocks += 1
             if steps == 0:
                 return 0
-        keys.sort()
         finish = ended is not None and steps == max_steps
         noted_steps = steps - 1 if finish else steps  # a finishing step's cache state is noted after its frees
         run_tokens, run_times = [token] * steps, ends[:steps]
@@ -255,7 +231,7 @@ class DecodeRuns:
         # the run's allocations (step and batch order), then the cache's state after each step: its
         # counters change only at the steps that take a block
         before = kv.counters()
-        taken = kv.decode_slots(running, base, keys[: bisect_left(keys, steps * n)], n)
+        taken = kv.decode_slots(running, base, takes, registers, n)
         computed = sched.running_computed_tokens  # before the run; after step j: computed + (j + 1) * n
         kv_after = kv.counter_spans(n)  # the cache's state after each step
         noted, counters = 0, before
@@ -266,8 +242,7 @@ class DecodeRuns:
             noted, counters = j, after
         kv_after.add(noted_steps - noted, computed + (noted + 1) * n, counters)
         computed += steps * n
-        if before[0] - kv.num_free_blocks != sum(1 for j in crossings if j < steps):
-            raise RuntimeError("decode run: the blocks taken are not those planned")
+        limits = kv.req_fast_limit
         for i, r in enumerate(running):
             if limits[r.request_id] - base[i] + 1 < steps:
                 raise RuntimeError(f"decode run: {r.request_id} needs an allocation the plan did not make")

@@ -67,12 +67,13 @@ def test_decode_slot_equals_allocate_slots(block_size, caching, seed):
     assert stepped[7][1] > 0 or not caching or block_size == 16  # evictions happened (the check is not empty)
 
 
-def decode_run(block_size: int, caching: bool, eviction: str, seed: int, keys: list[int] | None = None) -> tuple:
+def decode_run(block_size: int, caching: bool, eviction: str, seed: int, planned: bool) -> tuple:
     """Requests that shared prefixes finished (their blocks cached free, decode blocks included), then a run
     of requests with the same prompts decoding the same token: their decode blocks get the hashes of cached
     free ones, which the run's new blocks evict. The run's allocations by decode_slot at each step past a
-    fast limit (keys None: found so), or by decode_slots with the keys given. Returns the state, the
-    counters after each step that took a block, the evictions during the run and the keys."""
+    fast limit while the free blocks last, or as plan_decode plans them and decode_slots makes them.
+    Returns the state, the counters after each step that took a block, the evictions during the run, the
+    allocation keys, the hashes registered that cached blocks had, and the steps run."""
     rng = random.Random(seed)
     kv = PagedAllocator(120 // block_size, block_size, caching, eviction)  # small enough to evict
     kv.start_access_log()
@@ -106,14 +107,17 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, keys: l
     def collisions() -> int:  # hashes the run registered that a cached block had when it started
         return sum(h in cached for r, k in zip(running, hashed) for h in r.block_hashes[k:])
 
-    if keys is not None:
-        noted = kv.decode_slots(running, base, keys, len(running))
-        return state(kv), noted, kv.pool.num_evictions - evictions, keys, collisions()
+    if planned:
+        plan = kv.plan_decode(running, base, steps)
+        assert plan is not None
+        fit, takes, registers = plan
+        noted = kv.decode_slots(running, base, takes, registers, len(running))
+        return state(kv), noted, kv.pool.num_evictions - evictions, sorted({*takes, *registers}), collisions(), fit
     keys, noted = [], []
-    for j in range(steps):  # where stepping calls allocate_slots (past the fast limit), while blocks last
+    for j in range(steps + 1):  # where stepping calls allocate_slots (past the fast limit), while blocks last
         due = [i for i, r in enumerate(running) if base[i] + j > kv.req_fast_limit[r.request_id]]
         new = sum(base[i] + j > kv.num_held_blocks(running[i].request_id) * block_size for i in due)
-        if new > kv.num_free_blocks:
+        if j == steps or new > kv.num_free_blocks:
             break
         keys += [j * len(running) + i for i in due]
         for i in due:
@@ -121,7 +125,7 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, keys: l
             kv.decode_slot(running[i])
         if new:
             noted.append((j, kv.counters()))
-    return state(kv), noted, kv.pool.num_evictions - evictions, keys, collisions()
+    return state(kv), noted, kv.pool.num_evictions - evictions, keys, collisions(), j
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 4])
@@ -129,12 +133,13 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, keys: l
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_decode_slots_equal_decode_slot_each(block_size, caching, eviction, seed):
-    """PagedAllocator.decode_slots (all of a decode run's allocations at once with the LRU queue, one at
-    a time with another) leaves the allocator as decode_slot at each of them in step and batch order,
-    and notes the counters after each step that took a block."""
-    each = decode_run(block_size, caching, eviction, seed)
-    keys = each[3]
-    assert decode_run(block_size, caching, eviction, seed, list(keys)) == each
-    _, noted, evicted, _, collided = each
+    """PagedAllocator.plan_decode finds where a decode run's allocations fall and where the free blocks
+    run out, as stepping finds them; decode_slots (all at once with the LRU queue, one at a time with
+    another) leaves the allocator as decode_slot at each of them in step and batch order, and notes the
+    counters after each step that took a block."""
+    each = decode_run(block_size, caching, eviction, seed, planned=False)
+    assert decode_run(block_size, caching, eviction, seed, planned=True) == each
+    _, noted, evicted, keys, collided, ran = each
     assert noted and len(keys) > len(noted)  # blocks taken, hashes registered
+    assert ran < 24 or seed != 0  # seed 0: the free blocks run out mid-run
     assert (evicted > 0 and collided > 0) or not caching  # cached free blocks evicted, their hashes registered
