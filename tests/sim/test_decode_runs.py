@@ -15,6 +15,7 @@ from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.results.files import load_run
 from experiments.results.recorder import Recorder
 from experiments.run.runner import build_engine, run_trace
+from testbed.core.allocators.paged import PagedAllocator
 from testbed.engine import Engine
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.shape import StepShape
@@ -70,6 +71,19 @@ CASES = {
         "cache.block_size=4",
         "cache.num_blocks=320",
     ],
+    # prompts of 2-4 tokens from two ids: many requests have the same prompt (and hit its first block), so
+    # their decode blocks get the same hashes; runs register them while evicting cached free blocks
+    "synthetic-same-prompts": [
+        "trace=synthetic",
+        "trace.num_requests=40",
+        "trace.rate=6",
+        "trace.prompt_len={dist:uniform,low:2,high:4}",
+        "trace.token_low=128254",
+        "trace.output_len={dist:uniform,low:40,high:160}",
+        "replay=open_loop",
+        "cache.block_size=2",
+        "cache.num_blocks=500",
+    ],
     # no prefix caching: a run's only allocations are new blocks
     "synthetic-no-caching": PREFIX + ["replay=open_loop", "cache.num_blocks=600", "cache.prefix_caching=false"],
     # another eviction order and block size, shared prefixes
@@ -119,6 +133,19 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
         real_emit_run(self, starts, ends, kv, ids, num_finished)
 
     monkeypatch.setattr(Engine, "_emit_run", emit_run)
+    collided, evicted = [], []  # per planned run: hashes it registered that cached blocks had; blocks it evicted
+    if case == "synthetic-same-prompts":
+        real_slots = PagedAllocator.decode_slots
+
+        def slots(self, requests, first_ends, takes, registers, per_step):
+            mapped, counts = set(self.pool.hash_to_block), [len(r.block_hashes) for r in requests]
+            evictions = self.pool.num_evictions
+            noted = real_slots(self, requests, first_ends, takes, registers, per_step)
+            collided.append(sum(h in mapped for r, k in zip(requests, counts) for h in r.block_hashes[k:]))
+            evicted.append(self.pool.num_evictions - evictions)
+            return noted
+
+        monkeypatch.setattr(PagedAllocator, "decode_slots", slots)
     s_step, r_step, st_step = run(tmp_path, "step", overrides + ["executor.skip_steps=false"])
     assert not skipped  # the switch turns it off
     s_skip, r_skip, st_skip = run(tmp_path, "skip", overrides)
@@ -154,6 +181,8 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
         assert s_step["num_preemptions"] > 0 if "num_preemptions" in s_step else r_step["num_preemptions"].sum() > 0
     if case.endswith("prefix") or case == "sessions":
         assert r_step["cached_tokens"].sum() > 0
+    if case == "synthetic-same-prompts":  # runs evicted cached blocks and registered hashes cached blocks had
+        assert sum(evicted) > 0 and sum(collided) > 0 and r_step["cached_tokens"].sum() > 0
 
 
 @pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
