@@ -6,8 +6,9 @@
 Arguments other than the flags below are Hydra overrides of conf/config.yaml, so the profile is measured
 on exactly the engine a run with the same overrides builds. The calibration workloads are synthetic and
 kept apart from the held-out workloads of experiments/studies/fidelity.py (Azure, Mooncake, a synthetic
-rate sweep): prefill chunks of several sizes and contexts, decode batches of 1..64 requests at short and
-medium contexts and of 1..16 at long ones, and a mixed offline batch. Each step's shape (testbed.sim.shape)
+rate sweep): prefill chunks of several sizes and contexts, lone prefills (one request at a time, prompts of
+16..768 tokens, three of each: the step a request's TTFT is at concurrency 1), decode batches of 1..64 requests at
+short and medium contexts and of 1..16 at long ones, and a mixed offline batch. Each step's shape (testbed.sim.shape)
 is taken before it runs; its time is the period from its start to the next step's start, which is what a
 request waiting on the engine experiences (schedule, forward, sampling, output handling and the driver's own
 work). Steps are driven back to back, so there is no idle time in a period.
@@ -26,6 +27,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from experiments.calibration.probe import MAX_DRIFT, MAX_FIT_ERROR, SelfCheck, probe_seconds
 from experiments.calibration.step_shapes import measure
@@ -38,20 +40,38 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "results" / "profiles"
 
 
-def workloads(max_len: int, quick: bool) -> list[tuple[str, list[tuple[int, int]]]]:
-    """(name, [(prompt length, output length)]) per calibration workload, sized to the model's context."""
+class Workload(NamedTuple):
+    name: str
+    lengths: list[tuple[int, int]]  # (prompt length, output length) per request
+    sequential: bool = False  # submit each request once the one before it finished (else all at once)
+
+
+# prompt lengths of the lone prefills: the shapes of the held-out workloads' prompts, where the time per
+# token of a lone prefill is not linear (results/fidelity/README.md, v7)
+LONE_PROMPTS = (16, 32, 64, 96, 128, 160, 192, 256, 384, 768)
+LONE_PROMPTS_QUICK = (16, 64, 200)
+
+
+def workloads(max_len: int, quick: bool) -> list[Workload]:
+    """The calibration workloads, sized to the model's context."""
     rng = random.Random(0)
     fit_len = lambda p, o: (min(p, max_len - o - 1), o)
     batches = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32, 64]
     contexts = [48, 320] if quick else [48, 320, 1000]
-    out = [("prefill", [fit_len(p, 1) for p in ([32, 200, 700] if quick else [32, 128, 512, 1500]) for _ in range(3)])]
+    prefill = [fit_len(p, 1) for p in ([32, 200, 700] if quick else [32, 128, 512, 1500]) for _ in range(3)]
+    out = [Workload("prefill", prefill)]
+    # one prefill step per request, alone; each round shuffled (its own generator: the mixed batch stays
+    # the same) so no length always follows another; the workload's last step is not timed (no next start)
+    grid, shuffle = (LONE_PROMPTS_QUICK if quick else LONE_PROMPTS), random.Random(1)
+    lone = [p for _ in range(2 if quick else 3) for p in shuffle.sample(grid, k=len(grid))]
+    out.append(Workload("lone prefills", [fit_len(p, 1) for p in lone], sequential=True))
     for ctx in contexts:
         for b in batches:
             if ctx >= 1000 and b > 16:
                 continue  # its pure-decode tail is the same ~7 sequences as b=16: only more 512-token chunks
-            out.append((f"decode b={b} ctx={ctx}", [fit_len(ctx, 12 if quick else 24) for _ in range(b)]))
+            out.append(Workload(f"decode b={b} ctx={ctx}", [fit_len(ctx, 12 if quick else 24) for _ in range(b)]))
     n = 12 if quick else 48
-    out.append(("mixed", [fit_len(rng.randint(16, 500), rng.randint(8, 96)) for _ in range(n)]))
+    out.append(Workload("mixed", [fit_len(rng.randint(16, 500), rng.randint(8, 96)) for _ in range(n)]))
     return out
 
 
@@ -107,8 +127,8 @@ def main(argv=None) -> Path | None:
     log(f"probe (start): {1e3 * probes[0]:.1f} ms")
     shapes, seconds, names = [], [], []
     plan = workloads(engine.max_model_len, args.quick)
-    for i, (name, lengths) in enumerate(plan):
-        s, t = measure(engine, lengths, seed=i)
+    for i, (name, lengths, sequential) in enumerate(plan):
+        s, t = measure(engine, lengths, seed=i, sequential=sequential)
         shapes += s
         seconds += t
         names += [name] * len(t)

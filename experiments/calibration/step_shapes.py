@@ -47,16 +47,26 @@ class StepShapes:
         return [b - a for a, b in zip(self.starts, nxt)]
 
 
-def measure(engine, lengths: list[tuple[int, int]], seed: int) -> tuple[list[StepShape], list[float]]:
-    """Run one workload offline, back to back; (shapes, periods) of its steps but the last."""
+def measure(
+    engine, lengths: list[tuple[int, int]], seed: int, sequential: bool = False
+) -> tuple[list[StepShape], list[float]]:
+    """Run one workload offline, back to back; (shapes, periods) of its steps but the last. All requests are
+    submitted at once, or with `sequential` each once the one before it finished, so each runs alone (a closed
+    loop at concurrency 1 with no think time)."""
     rng = random.Random(seed)
     vocab = engine.arch.vocab_size
+    prompts = [[rng.randrange(100, vocab) for _ in range(prompt)] for prompt, _ in lengths]  # drawn before timing
     with StepShapes(engine) as recorder:
-        for i, (prompt, output) in enumerate(lengths):
-            ids = [rng.randrange(100, vocab) for _ in range(prompt)]
+        for i, (ids, (_, output)) in enumerate(zip(prompts, lengths)):
             params = SamplingParams(temperature=0.0, max_tokens=output, ignore_eos=True)
             engine.add_request(f"c{seed}-{i}", ids, params)
-        while engine.has_unfinished():
-            engine.step()
+            if sequential:
+                _drain(engine)
+        _drain(engine)
     periods = recorder.periods()
     return recorder.shapes[: len(periods)], periods
+
+
+def _drain(engine) -> None:
+    while engine.has_unfinished():
+        engine.step()

@@ -30,7 +30,7 @@ def plant(monkeypatch, noise: float, probes: list[float]):
     rng = random.Random(0)
     signs = itertools.cycle([1, -1])
 
-    def measure(engine, lengths, seed):
+    def measure(engine, lengths, seed, sequential=False):
         shapes = synthetic_shapes(30, seed=rng.randrange(1 << 30))
         return shapes, [step_time(s) * (1 + noise * next(signs)) for s in shapes]
 
@@ -90,7 +90,7 @@ def test_thresholds_are_the_commands():
 def test_full_plan_still_reaches_the_largest_batch_at_every_context_it_keeps():
     """Long contexts stop at 16 requests (larger batches there only add 512-token chunks), yet the plan
     still decodes 64 at once, so a profile's calibrated max_seqs covers the study's max_num_seqs=64."""
-    decode = [re.match(r"decode b=(\d+) ctx=(\d+)", name) for name, _ in calibrate.workloads(2048, quick=False)]
+    decode = [re.match(r"decode b=(\d+) ctx=(\d+)", name) for name, *_ in calibrate.workloads(2048, quick=False)]
     batches = {(int(m[1]), int(m[2])) for m in decode if m}
     assert max(b for b, _ in batches) == 64
     assert {b for b, c in batches if c == 1000} == {1, 2, 4, 8, 16}

@@ -99,7 +99,8 @@ def test_calibrate_and_simulate_the_tiny_model_on_its_operators(tmp_path, monkey
     import experiments.calibration.calibrate as calibrate
 
     monkeypatch.setenv("TESTBED_KERNEL", "torch")
-    small = [("prefill", [(40, 2)] * 3), ("decode", [(48, 4)] * 4), ("mixed", [(24, 6), (60, 3), (8, 5)])]
+    W = calibrate.Workload
+    small = [W("prefill", [(40, 2)] * 3), W("decode", [(48, 4)] * 4), W("mixed", [(24, 6), (60, 3), (8, 5)])]
     monkeypatch.setattr(calibrate, "workloads", lambda max_len, quick: small)
     path = calibrate.main(
         [
