@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.core.allocators.counter_spans import CounterSpans, stats_table
-from testbed.step_stats import KV_FIELDS, StepRun, kv_stats_of
+from testbed.step_stats import KV_FIELDS, StepRun, StepStats, kv_stats_of
 
 # Columns of the requests table, in order (times: seconds on the engine clock).
 REQUEST_COLUMNS = [
@@ -258,8 +258,8 @@ def _fits(values: list, kind: np.dtype) -> bool:
     return kind == np.dtype(np.float64) and set(map(type, values)) <= {float}
 
 
-def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str, np.ndarray | list] | None:
-    """The steps table's columns from step rows and decode runs kept whole (each before which row); None
+def step_columns(rows: list, runs: list[tuple[int, StepRun]]) -> dict[str, np.ndarray | list] | None:
+    """The steps table's columns from step rows (or StepStats) and decode runs kept whole (each before which row); None
     where they do not all have the same columns in the same order (the caller then makes every row). A
     column is an array of the runs' dtype where the rows' values fit it (_fits; any value for a list
     column), else one list of every value (pandas infers its dtype, as from rows)."""
@@ -271,8 +271,14 @@ def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str,
     columns: dict = runs_columns([run for _, run in runs])
     columns.update(kv)
     keys = list(columns)
-    if rows and (list(rows[0]) != keys or any(list(row) != keys for row in rows)):
-        return None
+    kept = [row for row in rows if type(row) is StepStats]
+    by_key = _stats_columns(kept, keys) if rows and len(kept) == len(rows) else None
+    if by_key is None:
+        rows = [step_row(row) if type(row) is StepStats else row for row in rows]
+        if rows and (list(rows[0]) != keys or any(list(row) != keys for row in rows)):
+            return None
+        # the rows' values column by column, each row read once (all its keys while it is in the cache)
+        by_key = dict(zip(keys, map(list, zip(*map(itemgetter(*keys), rows))))) if rows else dict.fromkeys(keys, [])
     # where each row and each run's steps go: a run comes before the row at its position
     positions = np.array([position for position, _ in runs], dtype=np.int64)
     lengths = np.array([len(run) for _, run in runs], dtype=np.int64)
@@ -283,8 +289,6 @@ def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str,
         np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(before[:-1], lengths)
     )
     total = len(rows) + int(lengths.sum())
-    # the rows' values column by column, each row read once (all its keys while it is in the cache)
-    by_key = dict(zip(keys, map(list, zip(*map(itemgetter(*keys), rows))))) if rows else dict.fromkeys(keys, [])
     out: dict[str, np.ndarray | list] = {}
     for key in keys:
         values = columns[key]
@@ -302,19 +306,49 @@ def step_columns(rows: list[dict], runs: list[tuple[int, StepRun]]) -> dict[str,
     return out
 
 
+_STEP_FIELDS: tuple[str, ...] = (
+    "step",
+    "start_time",
+    "duration_s",
+    "num_seqs",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+)
+_STEP_FIELDS += ("num_preempted", "num_waiting", "num_running", "grammar_time_s")
+
+
+def _stats_columns(stats: list[StepStats], keys: list[str]) -> dict[str, list] | None:
+    """step_row's values of these steps column by column, read from their attributes; None unless they
+    are those `keys` (their cache stats all plain ints of one stats type: kv_columns)."""
+    kv = kv_columns([[s.kv for s in stats]])
+    if kv is None:
+        return None
+    columns = dict(zip(_STEP_FIELDS, map(list, zip(*map(attrgetter(*_STEP_FIELDS), stats)))))
+    for name in STEP_ID_COLUMNS:
+        columns[name] = [getattr(s, name) or [] for s in stats]
+    columns.update((key, values.tolist()) for key, values in kv.items())  # plain ints and floats, as in rows
+    return columns if list(columns) == keys else None
+
+
 class Recorder:
     def __init__(self, keep_text: bool = False):
         self.keep_text = keep_text  # keep each finished request's output text (small demo runs)
         self.texts: dict[str, str] = {}
         self.requests: dict[str, dict] = {}
-        self._rows: list[dict] = []  # step rows, and decode runs kept whole (before which row)
+        # step rows (or a StepStats, made into a row when read), and decode runs kept whole (before which row)
+        self._rows: list[dict | StepStats] = []
         self._runs: list[tuple[int, StepRun]] = []
+        self._kept = 0  # StepStats in _rows
+        # keep each StepStats as it is until read, without listeners (attach: the steps table then reads
+        # their attributes column by column, steps_frame)
+        self.keep_stats = False
         self.listeners: list[Callable[[dict], None]] = []  # called with each step row (progress bar, W&B)
         self._engine = None
 
     # ---- wiring -------------------------------------------------------------------------------
     def attach(self, engine) -> Recorder:
         self._engine = engine
+        self.keep_stats = True
         engine.step_callbacks.append(self.on_step)
         engine.run_callbacks[self.on_step] = self.on_run
         return self
@@ -327,6 +361,10 @@ class Recorder:
 
     # ---- events -------------------------------------------------------------------------------
     def on_step(self, stats) -> None:
+        if self.keep_stats and not self.listeners and type(stats) is StepStats:
+            self._rows.append(stats)
+            self._kept += 1
+            return
         row = step_row(stats)
         self._rows.append(row)
         for listener in self.listeners:
@@ -343,7 +381,10 @@ class Recorder:
 
     @property
     def steps(self) -> list[dict]:
-        """One row per step, in order (the rows of decode runs made now)."""
+        """One row per step, in order (the rows of decode runs and kept StepStats made now)."""
+        if self._kept:
+            self._rows = [step_row(row) if type(row) is StepStats else row for row in self._rows]
+            self._kept = 0
         if self._runs:
             rows, at = [], 0
             for position, run in self._runs:
@@ -352,7 +393,7 @@ class Recorder:
                 at = position
             rows += self._rows[at:]
             self._rows, self._runs = rows, []
-        return self._rows
+        return self._rows  # type: ignore[return-value]  # every entry a row now
 
     def on_add(self, spec, arrival_time: float, replica: int | None = None) -> None:
         """A request sent (replica: where it went; one engine's table has no replica column)."""
@@ -418,7 +459,7 @@ class Recorder:
 
     def steps_frame(self) -> pd.DataFrame:
         if not self._runs:
-            return pd.DataFrame(self._rows)
+            return pd.DataFrame(self.steps)
         columns = step_columns(self._rows, self._runs)
         # the column arrays as they are (made here, nobody else holds them): no copy into 2-D blocks
         return pd.DataFrame(self.steps) if columns is None else pd.DataFrame(columns, copy=False)

@@ -6,7 +6,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from experiments.results.recorder import Recorder
+import experiments.results.recorder as recorder_module
+from experiments.results.recorder import Recorder, step_row
 from testbed.core.allocators.base import KVCacheStats
 from testbed.core.allocators.counter_spans import CounterSpans
 from testbed.step_stats import StepRun, StepStats, kv_compact
@@ -63,8 +64,10 @@ def run(first: int, k: int, finished: int = 0, spans: bool = False) -> StepRun:
         ("SSr", {"num_waiting": 2**64}),
     ],
 )
-def test_columns_equal_rows(layout, changes):
+@pytest.mark.parametrize("keep", [False, True])  # StepStats kept as they are (an attached recorder)
+def test_columns_equal_rows(layout, changes, keep, monkeypatch):
     recorder, step = Recorder(), 1
+    recorder.keep_stats = keep
     for i, kind in enumerate(layout):
         if kind in "RS":
             r = run(step, 3 + i, finished=i % 3, spans=kind == "S")  # their last steps end 0, 1 or 2 requests
@@ -72,22 +75,32 @@ def test_columns_equal_rows(layout, changes):
         else:
             recorder.on_step(row(step, **(changes if i == len(layout) - 1 else {})))
         step += len(r) if kind in "RS" else 1
+    assert recorder._kept == (layout.count("r") if keep else 0)
+    made = []  # rows made while the table is: none, kept StepStats are read column by column
+    monkeypatch.setattr(recorder_module, "step_row", lambda stats: made.append(stats) or step_row(stats))
     columns = recorder.steps_frame()
+    assert not made
+    monkeypatch.undo()
     rows = pd.DataFrame(recorder.steps)
-    assert not recorder._runs and len(rows) == step - 1
+    assert not recorder._runs and not recorder._kept and len(rows) == step - 1
     assert (rows["num_running"] < rows["num_seqs"]).sum() == sum(i % 3 > 0 for i, k in enumerate(layout) if k in "RS")
     assert list(columns.dtypes) == list(rows.dtypes)
     assert columns.equals(rows)
 
 
 @pytest.mark.parametrize("odd", [2.5, True, None])
-def test_cache_stats_not_all_plain_ints(odd):
-    """A run whose cache stats hold anything but plain ints (a float, a bool, None): the same table as
-    its rows give (the columns are then made from rows)."""
+@pytest.mark.parametrize("where", ["run", "step"])
+def test_cache_stats_not_all_plain_ints(odd, where):
+    """A run or a kept step whose cache stats hold anything but plain ints (a float, a bool, None): the
+    same table as its rows give (the columns are then made from rows)."""
     recorder = Recorder()
-    recorder.on_step(row(1))
-    odd_stats = dataclasses.replace(kv(3), used_token_slots=odd)
+    recorder.keep_stats = True
+    odd_kv = dataclasses.replace(kv(1), free_blocks=odd) if where == "step" else kv(1)
+    recorder.on_step(row(1, kv=odd_kv))
+    recorder.on_step(row(4))
+    odd_stats = dataclasses.replace(kv(3), used_token_slots=odd) if where == "run" else kv(3)
     recorder.on_run(StepRun(2, [1.0, 1.1], [1.05, 1.15], [kv_compact(kv(2)), kv_compact(odd_stats)], 3, ["a"], 0.0))
+    assert recorder._kept == 2
     columns = recorder.steps_frame()
     rows = pd.DataFrame(recorder.steps)
     assert list(columns.dtypes) == list(rows.dtypes)
