@@ -16,11 +16,13 @@ import fnmatch
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import initialize_config_module
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from experiments.run.settings import run_settings
 from experiments.traces import TraceError
+
+from ..composed import composed as composed_once
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "experiments" / "conf"
@@ -137,7 +139,7 @@ def hydra_initialized():
 
 
 def composed(*overrides):
-    return compose("config", overrides=["progress=false", *overrides])
+    return composed_once("progress=false", *overrides)
 
 
 def leaves(node: DictConfig, prefix: str = ""):

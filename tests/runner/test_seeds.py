@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from experiments.run.repeats import repeat_configs, repeat_count
 from experiments.statistics.seeds import SEED_KEYS, WORKLOAD_SEEDS, config_id, redraw_workload
 
+from ..composed import composed
 from .helpers import ROOT
 
 CONF = ROOT / "experiments" / "conf"
@@ -34,13 +35,13 @@ def _compose(*overrides):
 
 def _compose_option(group: str, option: str):
     """The config with one group option chosen (added, for a group outside the defaults list); inside an
-    initialize_config_module context."""
+    initialize_config_module context. As test_every_leaf composes them (progress off): composed once."""
     if not group:
-        return compose("config")
+        return composed("progress=false")
     try:
-        return compose("config", overrides=[f"{group}={option}"])
+        return composed("progress=false", f"{group}={option}")
     except ConfigCompositionException:
-        return compose("config", overrides=[f"+{group}={option}"])
+        return composed("progress=false", f"+{group}={option}")
 
 
 def test_every_seed_key_of_conf_is_listed():
