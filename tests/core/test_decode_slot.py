@@ -79,8 +79,8 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, planned
     kv.start_access_log()
     prompts = [[rng.randrange(50) for _ in range(rng.randrange(3, 14))] for _ in range(3)]
 
-    def admit(name: str, prompt: list[int]) -> Request:
-        r = Request(name, prompt, SamplingParams(max_tokens=30))
+    def admit(name: str, prompt: list[int], max_tokens: int = 30) -> Request:
+        r = Request(name, prompt, SamplingParams(max_tokens=max_tokens))
         blocks, hit = kv.get_computed_blocks(r)
         assert kv.allocate_slots(r, len(prompt) - hit, blocks) is not None
         r.num_computed_tokens = len(prompt)
@@ -95,7 +95,8 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, planned
             assert kv.allocate_slots(r, 1) is not None
             r.all_token_ids.append(7)
         kv.free(r)
-    running = [admit(f"r{n}", rng.choice(prompts)) for n in range(4)]
+    # their first token and the run's 24: the last blocks they take reach past their final length
+    running = [admit(f"r{n}", rng.choice(prompts), max_tokens=25) for n in range(4)]
     base = [len(r.all_token_ids) for r in running]
     steps = 24
     for r in running:

@@ -74,7 +74,7 @@ class PagedAllocator(KVAllocator):
         append = hashes.append
         # hash_block, inlined: a prompt's every block, its tokens taken bs at a time as tuples
         for block in zip(*[iter(tokens[first * bs : end * bs])] * bs):
-            parent = hash((parent, *block))
+            parent = hash((parent,) + block)  # the tuple (parent, *block), made by concatenation
             append(parent)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
@@ -288,42 +288,47 @@ class PagedAllocator(KVAllocator):
             free, cached, held_total, internal = self.counters()
             if len(takes) > free:
                 raise ValueError(f"decode_slots: {len(takes)} blocks to take, {free} free")
+            finals = [r.max_num_tokens for r in requests]
             evicts = pool.head_cached(len(takes))
+            prev = -1  # the step of the last block taken: the counters are noted when the step changes
             for key, block, evicted in zip(takes, pool.get_new_blocks(len(takes)), evicts):
                 j, i = divmod(key, per_step)
-                blocks, final = lists[i], requests[i].max_num_tokens
+                if j != prev:
+                    if prev >= 0:
+                        noted.append((prev, (free, cached, held_total, internal)))
+                    prev = j
+                blocks = lists[i]
                 h = len(blocks)
                 if h == first_held[i]:  # its first new block: reported as decode_slot reports it
                     self._changed(rids[i], h)
                     touched.add(i)
                 blocks.append(block)
-                internal += max(0, (h + 1) * bs - final) - max(0, h * bs - final)
+                beyond = (h + 1) * bs - finals[i]  # slots past its final length (_count_held's internal)
+                if beyond > 0:
+                    internal += beyond if beyond < bs else bs
                 free -= 1
                 cached -= evicted
                 held_total += 1
-                if noted and noted[-1][0] == j:
-                    noted.pop()
-                noted.append((j, (free, cached, held_total, internal)))
+            noted.append((prev, (free, cached, held_total, internal)))
             self.num_held_blocks_total, self.num_internal_slots = held_total, internal
         if registers and self.enable_prefix_caching:
             req_hashed = self.req_num_hashed
-            hashed: dict[int, int] = {}  # request index -> its full blocks registered so far
+            hashed = [req_hashed.get(rid, 0) for rid in rids]  # full blocks registered so far, per request
             ranges: list[tuple[int, int, int]] = []
             for key in registers:
                 j, i = divmod(key, per_step)
-                start = hashed[i] if i in hashed else req_hashed.get(rids[i], 0)
-                full = (first_ends[i] + j) // bs  # the blocks held then cover its end
+                start, full = hashed[i], (first_ends[i] + j) // bs  # the blocks held then cover its end
                 if full <= start:
                     raise ValueError(f"decode_slots: {rids[i]} has nothing to register at step {j}")
                 hashed[i] = full
                 ranges.append((i, start, full))
-            for i, full in hashed.items():
-                self._update_hashes(requests[i], full * bs)
-                req_hashed[rids[i]] = full
-                touched.add(i)
             labels = {}
-            for i in hashed:
-                extra = requests[i].sampling_params.extra_args
+            for i in {i for i, _, _ in ranges}:
+                request = requests[i]
+                self._update_hashes(request, hashed[i] * bs)
+                req_hashed[rids[i]] = hashed[i]
+                touched.add(i)
+                extra = request.sampling_params.extra_args
                 labels[i] = extra.get("request_class") if extra else None  # as _cache_full_blocks
             pool.cache_ranges([(lists[i], requests[i].block_hashes, a, b, labels[i]) for i, a, b in ranges])
         for i in touched:
