@@ -165,7 +165,7 @@ def test_ctrl_c_keeps_the_finished_runs_and_compares_them(tmp_path):
     flight writes what it measured (marked interrupted), the runner stops, and the finished pair is compared."""
     out = tmp_path / "ab"
     cmd = [sys.executable, "-m", "experiments.run.ab", "--pairs", "3", "--warmup", "0", "--out", str(out), *HOST]
-    cmd += ["executor.step_time_s=0.05", "trace.num_requests=20"]  # 5 batches x 17 steps x 50 ms per run
+    cmd += ["executor.step_time_s=0.05", "trace.num_requests=12"]  # 3 batches x 17 steps x 50 ms per run
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
