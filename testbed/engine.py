@@ -188,9 +188,7 @@ class Engine:
         return self.running_step is not None or self.scheduler.has_unfinished()
 
     # ---- the loop -----------------------------------------------------------------------------
-    def step(
-        self, horizon: float | None = None, sends_on_finish: bool = True, finish_in_run: bool = False
-    ) -> list[RequestOutput]:
+    def step(self, horizon: float | None = None, sends_on_finish: bool = True) -> list[RequestOutput]:
         """One step: schedule -> execute -> update -> stop strings -> drafts -> outputs. Each part returns
         what it decided and the engine applies it (_finish_step). With async scheduling the next
         step is scheduled and started before this one's tokens are read, and the outputs returned are
@@ -201,10 +199,9 @@ class Engine:
         the same steps, step records and request times as stepping; of their outputs only those of the
         requests that finished are returned, after this step's). None: one step. sends_on_finish: the
         caller may add a request when one finishes (closed loop, sessions, a cluster), so a step in which
-        one finished ends there, and a run stops before one, or with finish_in_run ends with the first
-        (the caller gets its outputs at that step's end, as from the step alone: a single engine's driver);
-        False (it sends by the clock alone, as an open-loop replay): the horizon holds past it, and a run
-        goes on past the steps in which requests finish."""
+        one finished ends there, and a run ends with the first such step (the caller gets its outputs at
+        that step's end, as from the step alone); False (it sends by the clock alone, as an open-loop
+        replay): the horizon holds past it, and a run goes on past the steps in which requests finish."""
         if self.async_steps is not None:
             return self._step_async(self.async_steps)
         start = self.clock()
@@ -218,16 +215,21 @@ class Engine:
             and self.decode_runs is not None
             and not (sends_on_finish and any(o.finished for o in outputs))
         ):
-            if sends_on_finish and not finish_in_run:
-                self.decode_runs.run(horizon)
-            else:
-                ended: list[Request] = []
-                self.decode_runs.run(horizon, ended, past_finishes=not sends_on_finish)
-                if ended:  # their final outputs, as the steps that ended them would have made them
-                    outputs += self.output_processor.process(
-                        StepUpdates(ended, [r.output_token_ids[-1:] for r in ended])
-                    )
+            outputs += self.run_decode(horizon, sends_on_finish)[1]
         return outputs
+
+    def run_decode(self, horizon: float, sends_on_finish: bool = True) -> tuple[int, list[RequestOutput]]:
+        """A simulation's run of the decode steps that start before `horizon`, from the engine's state now,
+        without a full step first (testbed.sim.decode_runs; sends_on_finish as step's): how many steps
+        it advanced, and the final outputs of the requests that finished in them."""
+        if self.decode_runs is None:
+            raise RuntimeError("this engine advances no decode runs (a simulation with executor.skip_steps)")
+        ended: list[Request] = []
+        ran = self.decode_runs.run(horizon, ended, past_finishes=not sends_on_finish)
+        if not ended:
+            return ran, []
+        # their final outputs, as the steps that ended them would have made them
+        return ran, self.output_processor.process(StepUpdates(ended, [r.output_token_ids[-1:] for r in ended]))
 
     def _finish_step(self, start: float, sched: SchedulerOutput, result: ExecutorOutput) -> list[RequestOutput]:
         if result.prompt_logprobs is not None:  # before update: a request finishing now has them all

@@ -4,8 +4,8 @@ the engine's clock until t (a simulation's sleep is virtual).
 
 A step's horizon is `t`: the driver sends nothing before t unless a request finishes. Engine.step ends a
 simulated decode run with the first step in which requests finish (the driver reads the clock at its end,
-as after that step alone: Engine.step's finish_in_run), unless the driver sends nothing before t even then
-(`quiet_until` >= t: offline, open loop), when the run goes on past it (Engine.step's sends_on_finish). With
+as after that step alone), unless the driver sends nothing before t even then (`quiet_until` >= t:
+offline, open loop), when the run goes on past it (Engine.step's sends_on_finish). With
 `step_by_step` (a run with a deadline) every step is one step, so the deadline is checked between steps.
 """
 
@@ -68,9 +68,7 @@ class EngineReplicas:
     def run_until(self, time: float, quiet_until: float | None = None) -> list[Delivered]:
         if self.engine.has_unfinished():
             quiet = quiet_until is not None and quiet_until >= time
-            outputs = self.engine.step(
-                None if self.step_by_step else time, sends_on_finish=not quiet, finish_in_run=True
-            )
+            outputs = self.engine.step(None if self.step_by_step else time, sends_on_finish=not quiet)
             return [Delivered(0, out) for out in outputs if out.finished]
         if time < INF:
             wait = time - self.engine.clock()

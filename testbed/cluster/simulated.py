@@ -245,11 +245,13 @@ class SimulatedCluster:
 
     def _engine_step(self, replica: SimReplica) -> list[RequestOutput]:
         engine, horizon = replica.engine, self.horizon(replica)
-        runs = engine.decode_runs
-        # a replica that can only decode goes straight into the run: the engine step that would start
-        # it is one of the run's steps (none of them finishes a request, so there is nothing to return)
-        if horizon is not None and runs is not None and engine.async_steps is None and runs.run(horizon):
-            return []
+        # a replica that can only decode goes straight into the run: the engine step that would start it
+        # is one of the run's steps (the run ends with the first step in which requests finish: their
+        # outputs come back at its end, as from that step alone)
+        if horizon is not None and engine.decode_runs is not None and engine.async_steps is None:
+            ran, outputs = engine.run_decode(horizon)
+            if ran:
+                return outputs
         return engine.step(horizon)
 
     def _deliver(self, replica: SimReplica, outputs: list[RequestOutput]) -> list[Delivered]:

@@ -19,8 +19,7 @@ last step, ends the requests as the scheduler's update does (their blocks freed 
 records the step with the run (a StepRun's last step may end requests: its num_running and cache state
 are those after the ends); the finished requests go back to the engine for their outputs. If the caller
 may send on a finish (Engine.step's sends_on_finish) the run ends there, the caller getting them at that
-step's end as from the step alone (finish_in_run), or stops before it; else the next run, of the requests
-left, follows at once.
+step's end as from the step alone; else the next run, of the requests left, follows at once.
 What is not eligible at all (then nothing is skipped): waiting requests, drafts, parallel-sampling groups,
 stop strings, a policy whose order or budget can change between steps (time_dependent, or one that
 overrides begin_step / step_budget / token_budget), a recorded run's clock (replay_steps). The equality

@@ -69,8 +69,8 @@ class Spy:
             self.engine_steps += 1
             return step(engine, horizon)
 
-        def counted_run(runs, horizon):
-            self.runs.append(run(runs, horizon))
+        def counted_run(runs, horizon, *args, **kwargs):
+            self.runs.append(run(runs, horizon, *args, **kwargs))
             return self.runs[-1]
 
         monkeypatch.setattr(Engine, "step", counted_step)

@@ -54,7 +54,7 @@ class FakeEngine:
             rid, r["prompt"], [CompletionOutput(0, "", [7] * len(r["times"]), None, reason)], True, [], m
         )
 
-    def step(self, horizon=None, sends_on_finish=True, finish_in_run=False):
+    def step(self, horizon=None, sends_on_finish=True):
         self.t += self.dt
         outs = []
         for rid, r in self.reqs.items():
@@ -179,7 +179,7 @@ def test_ctrl_c_inside_a_step_keeps_the_request_it_finished():
             self.reqs[request_id]["req"] = req
             return req
 
-        def step(self, horizon=None, sends_on_finish=True, finish_in_run=False):
+        def step(self, horizon=None, sends_on_finish=True):
             outs = super().step()
             for r in self.reqs.values():
                 req = r["req"]

@@ -191,9 +191,15 @@ def test_cluster_skipping_equals_stepping(tmp_path, monkeypatch, router):
     a replica may only skip the steps that start before the next one; the same tables either way."""
     from experiments.cluster.runner import run_cluster
 
-    skipped = []
+    skipped, runners = [], set()
     real_run = DecodeRuns.run
-    monkeypatch.setattr(DecodeRuns, "run", lambda self, horizon: skipped.append(real_run(self, horizon)) or skipped[-1])
+
+    def counted(self, horizon, *args, **kwargs):
+        runners.add(self)
+        skipped.append(real_run(self, horizon, *args, **kwargs))
+        return skipped[-1]
+
+    monkeypatch.setattr(DecodeRuns, "run", counted)
     cluster = AZURE + ["replay=open_loop", "trace.time_scale=3", "cluster.replicas=3", f"cluster.router={router}"]
     tables = []
     for name, skip in (("step", "false"), ("skip", "true")):
@@ -206,6 +212,7 @@ def test_cluster_skipping_equals_stepping(tmp_path, monkeypatch, router):
     assert r_skip.equals(r_step)
     assert st_skip.equals(st_step)
     assert sum(skipped) > 0.2 * len(st_skip)
+    assert sum(r.num_finishing for r in runners) > 0  # runs that ended with a step in which requests finished
 
 
 @pytest.mark.parametrize("listening", [False, True])
