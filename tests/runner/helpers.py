@@ -1,8 +1,11 @@
 """Helpers shared by the runner tests (a uniquely named module, so it never clashes with another conftest)."""
 
+import contextlib
 import itertools
 import json
+import logging
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +32,30 @@ def run_cli(*overrides, cwd=ROOT, env=None, timeout=900, check=True) -> subproce
     if check and proc.returncode != 0:
         raise AssertionError(f"run.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def run_here(*args: str, log: Path) -> int:
+    """`python run.py ARGS` as __main__ in this process, for tests that are not about the process (a run.py
+    start-up costs seconds of imports and composes): run.py's own entry point and Hydra command line, its
+    output into `log`, Hydra's logging handlers removed afterwards. Returns the exit code."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        argv, sys.argv = sys.argv, [str(ROOT / "run.py"), *args]
+        try:
+            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+        finally:
+            sys.argv = argv
+            for h in root.handlers[:]:  # Hydra's job logging (console and run.log): this run's only
+                if h not in handlers:
+                    root.removeHandler(h)
+                    h.close()
+            root.handlers[:0] = [h for h in handlers if h not in root.handlers]
+            root.setLevel(level)
+    return rc
 
 
 def recompute(requests: pd.DataFrame, start_time: float, end_time: float, slo: dict | None = None) -> dict:

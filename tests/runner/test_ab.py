@@ -11,11 +11,8 @@ schedule, the folders, the seeds and the comparison, and a run.py process would 
 and Hydra once more per run. The Ctrl-C test runs the real thing, the runner as a command and every run its
 own run.py process (signals, exit codes, the child's command line and environment)."""
 
-import contextlib
 import json
-import logging
 import os
-import runpy
 import signal
 import subprocess
 import sys
@@ -26,7 +23,7 @@ import pytest
 
 from experiments.run.ab import Runner, Slot, main, schedule
 
-from .helpers import ROOT
+from .helpers import ROOT, run_here
 
 SIM = [
     "executor=sim",
@@ -56,33 +53,15 @@ HOST = [
 SAME = "no significant difference"
 
 
-def run_here(self, cmd: list[str], log) -> tuple[int, bool]:
-    """Runner._child's contract (exit code, stopped) with `python run.py ARGS` run as __main__ in this
-    process: run.py's own entry point, its Hydra command line and run folder, output into the run's log."""
+def child_here(self, cmd: list[str], log) -> tuple[int, bool]:
+    """Runner._child's contract (exit code, stopped) with the child's `python run.py ARGS` run here."""
     assert cmd[:2] == [sys.executable, str(ROOT / "run.py")], cmd
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        argv, sys.argv = sys.argv, cmd[1:]
-        try:
-            runpy.run_path(cmd[1], run_name="__main__")
-            rc = 0
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else int(e.code is not None)
-        finally:
-            sys.argv = argv
-            for h in root.handlers[:]:  # Hydra's job logging (console and run.log): this run's only
-                if h not in handlers:
-                    root.removeHandler(h)
-                    h.close()
-            root.handlers[:0] = [h for h in handlers if h not in root.handlers]
-            root.setLevel(level)
-    return rc, False
+    return run_here(*cmd[2:], log=log), False
 
 
 @pytest.fixture
 def runs_here(monkeypatch):
-    monkeypatch.setattr(Runner, "_child", run_here)
+    monkeypatch.setattr(Runner, "_child", child_here)
 
 
 def order(out) -> list[tuple[str, str]]:

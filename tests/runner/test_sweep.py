@@ -3,7 +3,7 @@ twin (hydra-submitit-launcher, jobs as subprocesses) does the same."""
 
 import pandas as pd
 
-from .helpers import read_run, run_cli
+from .helpers import read_run, run_cli, run_here
 
 SMALL = [
     "model=tiny",
@@ -31,7 +31,11 @@ def check_sweep(sweep_dir, n, columns):
 
 
 def test_two_by_two_multirun(tmp_path):
-    run_cli("-m", *SMALL, "cache.block_size=8,16", "scheduler.max_num_seqs=2,8", f"hydra.sweep.dir={tmp_path}")
+    # Hydra's basic launcher runs the jobs inside run.py's own process, so run.py runs here (the launchers
+    # with processes of their own are the tests below)
+    log = tmp_path / "multirun.log"
+    args = ("-m", *SMALL, "cache.block_size=8,16", "scheduler.max_num_seqs=2,8", f"hydra.sweep.dir={tmp_path}")
+    assert run_here(*args, "progress=false", log=log) == 0, log.read_text()[-3000:]
     grid = check_sweep(tmp_path, 4, ["cache.block_size", "scheduler.max_num_seqs"])
     assert sorted(map(tuple, grid.to_numpy().tolist())) == [(8, 2), (8, 8), (16, 2), (16, 8)]
 
