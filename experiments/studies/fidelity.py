@@ -84,6 +84,12 @@ def sim_config(overrides: tuple[str, ...], profile: Path, name: str):
     )
 
 
+@functools.lru_cache(maxsize=2)
+def real_config(overrides: tuple[str, ...]):
+    """The composed config of a cell's real runs, which its repeats share (never handed out: copy it)."""
+    return compose(list(overrides))
+
+
 def cost_model(name: str, profile: Path, engine):
     from testbed.sim.cost_models.operators import OperatorCost
     from testbed.sim.cost_models.profile import ProfileCost
@@ -119,7 +125,7 @@ class Study:
         print(f"[{time.perf_counter() - self.started:.0f} s] {msg}", file=sys.stderr)
 
     def real(self, cell: Cell, overrides: list[str], repeat: int) -> dict:
-        cfg = compose([*self.setup, *overrides, *self.user])
+        cfg = copy.deepcopy(real_config(tuple([*self.setup, *overrides, *self.user])))
         engine = self.engine = build_engine(cfg, record_clock=False)
         probe = probe_seconds(engine, self.args.probe_repeats)
         if self.reference_probe is None:
