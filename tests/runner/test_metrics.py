@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from experiments.results.metrics import SLOError, check_slo, chunk_gaps, step_summary, summarize
-from experiments.results.recorder import kv_fields
+from experiments.results.step_rows import kv_fields
 
 
 def table(rows):

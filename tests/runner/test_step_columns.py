@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 
 import experiments.results.recorder as recorder_module
-from experiments.results.recorder import Recorder, step_row
+import experiments.results.step_columns as step_columns_module
+from experiments.results.recorder import Recorder
+from experiments.results.step_rows import step_row
 from testbed.core.allocators.base import KVCacheStats
 from testbed.core.allocators.counter_spans import CounterSpans
 from testbed.step_stats import StepRun, StepStats, kv_compact
@@ -77,7 +79,8 @@ def test_columns_equal_rows(layout, changes, keep, monkeypatch):
         step += len(r) if kind in "RS" else 1
     assert recorder._kept == (layout.count("r") if keep else 0)
     made = []  # rows made while the table is: none, kept StepStats are read column by column
-    monkeypatch.setattr(recorder_module, "step_row", lambda stats: made.append(stats) or step_row(stats))
+    for module in (recorder_module, step_columns_module):  # everywhere the table makes rows
+        monkeypatch.setattr(module, "step_row", lambda stats: made.append(stats) or step_row(stats))
     columns = recorder.steps_frame()
     assert not made
     monkeypatch.undo()
