@@ -1,6 +1,6 @@
 """The README's target check across studies: per pair of studies and cost model, the targeted figures (median and
 p99 of TTFT, TPOT, E2EL) of the cells both studies ran, met (raw error within the target) in both / one / neither,
-raw errors of the same sign, U in each; then v2, v6 and v7 (the three passing calibrations) together.
+raw errors of the same sign, U in each; then three studies together: v2, v6 and v7, and v6, v7 and v8.
 
     python results/fidelity/passing_pairs.py > results/fidelity/passing_pairs.txt
 
@@ -18,6 +18,12 @@ PAIRS = [
     ("v2_2026-12-02", "v6_2026-12-03"),
     ("v2_2026-12-02", "v7_2026-12-03"),
     ("v3_2026-12-03", "v7_2026-12-03"),
+    ("v7_2026-12-03", "v8_2026-12-03"),
+    ("v6_2026-12-03", "v8_2026-12-03"),
+]
+TRIPLES = [
+    ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03"),
+    ("v6_2026-12-03", "v7_2026-12-03", "v8_2026-12-03"),
 ]
 
 
@@ -42,12 +48,16 @@ for first, second in PAIRS:
             per.append(f"{metric} {(pm & qm).sum()}/{(pm ^ qm).sum()}/{(~pm & ~qm).sum()}")
         print("   both/one/neither per metric: " + ", ".join(per))
 
-studies = {name[:2]: load(name) for name in ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03")}
-shared = studies["v2"].index.intersection(studies["v6"].index).intersection(studies["v7"].index)
-for model in ("profile", "operators"):
-    idx = [i for i in shared if i[1] == model]
-    met = pd.DataFrame({k: d.loc[idx, "verdict"].eq("met") for k, d in studies.items()}).sum(axis=1)
-    sign = pd.DataFrame({k: d.loc[idx, "raw_error"] for k, d in studies.items()})
-    same = ((sign > 0).all(axis=1) | (sign < 0).all(axis=1)).sum()
-    print(f"v2 + v6 + v7 {model}: n {len(idx)}, met in 3 / 2 / 1 / 0 studies: "
-          + " / ".join(str((met == k).sum()) for k in (3, 2, 1, 0)) + f", same sign in all three {same}")
+for triple in TRIPLES:
+    studies = {name[:2]: load(name) for name in triple}
+    first, *rest = studies.values()
+    shared = first.index
+    for other in rest:
+        shared = shared.intersection(other.index)
+    for model in ("profile", "operators"):
+        idx = [i for i in shared if i[1] == model]
+        met = pd.DataFrame({k: d.loc[idx, "verdict"].eq("met") for k, d in studies.items()}).sum(axis=1)
+        sign = pd.DataFrame({k: d.loc[idx, "raw_error"] for k, d in studies.items()})
+        same = ((sign > 0).all(axis=1) | (sign < 0).all(axis=1)).sum()
+        print(f"{' + '.join(studies)} {model}: n {len(idx)}, met in 3 / 2 / 1 / 0 studies: "
+              + " / ".join(str((met == k).sum()) for k in (3, 2, 1, 0)) + f", same sign in all three {same}")
