@@ -14,6 +14,13 @@ Tried and dropped: a fixed and a per-chunk term for steps with prompt work (kern
 step in one C++ call, other steps layer by layer). Fitted on this CPU (2026-12-01) it moved Azure's median
 TTFT error from -33% to -12% but made the other held-out workloads worse (mean |error| over
 results/fidelity's 25 figures 13.4% against 9.6% without it), so the model stays as above.
+
+Tried and dropped too (results/fidelity/v8_2026-12-03/why_v8.py): a price per token that changes with the step's
+size. A lone prefill costs less per token at 64-128 tokens (2.4-2.6 ms on the 2-core CPU) than at 160-512 (2.8-3.2)
+or per decode row, so the profile over-prices it there by 16-26%. A second token slope above a break (64-256
+tokens, on all or on prefill tokens) fits to zero on two calibrations; a slope per token segment (each >= 0) moves
+the error between sizes instead of removing it (fitted on v7's calibration, v7's real synthetic prefill steps' median
+residual +1.2% -> +7.6%).
 """
 
 import json
