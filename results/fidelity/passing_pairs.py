@@ -1,6 +1,6 @@
 """The README's target check across studies: per pair of studies and cost model, the targeted figures (median and
 p99 of TTFT, TPOT, E2EL) of the cells both studies ran, met (raw error within the target) in both / one / neither,
-raw errors of the same sign, U in each; then three studies together: v2, v6 and v7, and v6, v7 and v8.
+raw errors of the same sign, U in each; then three studies together (TRIPLES).
 
     python results/fidelity/passing_pairs.py > results/fidelity/passing_pairs.txt
 
@@ -20,10 +20,13 @@ PAIRS = [
     ("v3_2026-12-03", "v7_2026-12-03"),
     ("v7_2026-12-03", "v8_2026-12-03"),
     ("v6_2026-12-03", "v8_2026-12-03"),
+    ("v8_2026-12-03", "v9_2026-12-03"),
+    ("v7_2026-12-03", "v9_2026-12-03"),
 ]
 TRIPLES = [
     ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03"),
     ("v6_2026-12-03", "v7_2026-12-03", "v8_2026-12-03"),
+    ("v7_2026-12-03", "v8_2026-12-03", "v9_2026-12-03"),
 ]
 
 
