@@ -17,7 +17,7 @@ def state(kv: PagedAllocator) -> tuple:
         {rid: [b.block_id for b in blocks] for rid, blocks in kv.req_blocks.items()},
         dict(kv.req_num_hashed),
         dict(kv.req_fast_limit),
-        [(b.block_id, b.block_hash, b.ref_cnt, b.depth) for b in pool.blocks],
+        [(b.block_id, b.block_hash, b.ref_cnt, b.depth, b.request_class) for b in pool.blocks],
         [b.block_id for b in pool.free_queue],
         {h: b.block_id for h, b in pool.hash_to_block.items()},
         {h: [b.block_id for b in bs] for h, bs in pool.duplicates.items()},
@@ -72,15 +72,16 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, planned
     of requests with the same prompts decoding the same token: their decode blocks get the hashes of cached
     free ones, which the run's new blocks evict. The run's allocations by decode_slot at each step past a
     fast limit while the free blocks last, or as plan_decode plans them and decode_slots makes them.
-    Returns the state, the counters after each step that took a block, the evictions during the run, the
-    allocation keys, the hashes registered that cached blocks had, and the steps run."""
+    Returns the state, the running requests' block hashes, the counters after each step that took a block,
+    the evictions during the run, the allocation keys, the hashes registered that cached blocks had, and
+    the steps run."""
     rng = random.Random(seed)
     kv = PagedAllocator(120 // block_size, block_size, caching, eviction)  # small enough to evict
     kv.start_access_log()
     prompts = [[rng.randrange(50) for _ in range(rng.randrange(3, 14))] for _ in range(3)]
 
     def admit(name: str, prompt: list[int], max_tokens: int = 30) -> Request:
-        r = Request(name, prompt, SamplingParams(max_tokens=max_tokens))
+        r = Request(name, prompt, SamplingParams(max_tokens=max_tokens, extra_args={"request_class": name[-1]}))
         blocks, hit = kv.get_computed_blocks(r)
         assert kv.allocate_slots(r, len(prompt) - hit, blocks) is not None
         r.num_computed_tokens = len(prompt)
@@ -113,7 +114,8 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, planned
         assert plan is not None
         fit, takes, registers = plan
         noted = kv.decode_slots(running, base, takes, registers, len(running))
-        return state(kv), noted, kv.pool.num_evictions - evictions, sorted({*takes, *registers}), collisions(), fit
+        hashes, keys = [r.block_hashes for r in running], sorted({*takes, *registers})
+        return state(kv), hashes, noted, kv.pool.num_evictions - evictions, keys, collisions(), fit
     keys, noted = [], []
     for j in range(steps + 1):  # where stepping calls allocate_slots (past the fast limit), while blocks last
         due = [i for i, r in enumerate(running) if base[i] + j > kv.req_fast_limit[r.request_id]]
@@ -126,7 +128,7 @@ def decode_run(block_size: int, caching: bool, eviction: str, seed: int, planned
             kv.decode_slot(running[i])
         if new:
             noted.append((j, kv.counters()))
-    return state(kv), noted, kv.pool.num_evictions - evictions, keys, collisions(), j
+    return state(kv), [r.block_hashes for r in running], noted, kv.pool.num_evictions - evictions, keys, collisions(), j
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 4])
@@ -140,7 +142,7 @@ def test_decode_slots_equal_decode_slot_each(block_size, caching, eviction, seed
     counters after each step that took a block."""
     each = decode_run(block_size, caching, eviction, seed, planned=False)
     assert decode_run(block_size, caching, eviction, seed, planned=True) == each
-    _, noted, evicted, keys, collided, ran = each
+    _, _, noted, evicted, keys, collided, ran = each
     assert noted and len(keys) > len(noted)  # blocks taken, hashes registered
     assert ran < 24 or seed != 0  # seed 0: the free blocks run out mid-run
     assert (evicted > 0 and collided > 0) or not caching  # cached free blocks evicted, their hashes registered

@@ -5,6 +5,7 @@ the same names call them), kept apart from its per-step paths; the real engine n
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
+from testbed.core.allocators.block_hash import ROOT_HASH
 from testbed.request import Request
 
 if TYPE_CHECKING:
@@ -91,15 +92,12 @@ def decode_slots(
                     noted.pop()
                 noted.append((j, alloc.counters()))
         return noted
-    rids = [r.request_id for r in requests]
-    lists = [alloc.req_blocks[rid] for rid in rids]
-    first_held = [len(blocks) for blocks in lists]
-    touched = set()
+    req_blocks, enable = alloc.req_blocks, alloc.enable_prefix_caching
+    touched: dict[int, list] = {}  # position -> block list, of the requests whose blocks or hashes changed
     if takes:
         free, cached, held_total, internal = alloc.counters()
         if len(takes) > free:
             raise ValueError(f"decode_slots: {len(takes)} blocks to take, {free} free")
-        finals = [r.max_num_tokens for r in requests]
         evicts = pool.head_cached(len(takes))
         prev = -1  # the step of the last block taken: the counters are noted when the step changes
         for key, block, evicted in zip(takes, pool.get_new_blocks(len(takes)), evicts):
@@ -108,13 +106,14 @@ def decode_slots(
                 if prev >= 0:
                     noted.append((prev, (free, cached, held_total, internal)))
                 prev = j
-            blocks = lists[i]
+            request = requests[i]
+            blocks = touched.get(i)
+            if blocks is None:  # its first new block: reported as decode_slot reports it
+                blocks = touched[i] = req_blocks[request.request_id]
+                alloc._changed(request.request_id, len(blocks))
             h = len(blocks)
-            if h == first_held[i]:  # its first new block: reported as decode_slot reports it
-                alloc._changed(rids[i], h)
-                touched.add(i)
             blocks.append(block)
-            beyond = (h + 1) * bs - finals[i]  # slots past its final length (_count_held's internal)
+            beyond = (h + 1) * bs - request.max_num_tokens  # slots past its final length (_count_held's internal)
             if beyond > 0:
                 internal += beyond if beyond < bs else bs
             free -= 1
@@ -122,26 +121,70 @@ def decode_slots(
             held_total += 1
         noted.append((prev, (free, cached, held_total, internal)))
         alloc.num_held_blocks_total, alloc.num_internal_slots = held_total, internal
-    if registers and alloc.enable_prefix_caching:
-        req_hashed = alloc.req_num_hashed
-        hashed = [req_hashed.get(rid, 0) for rid in rids]  # full blocks registered so far, per request
-        ranges: list[tuple[int, int, int]] = []
-        for key in registers:
-            j, i = divmod(key, per_step)
-            start, full = hashed[i], (first_ends[i] + j) // bs  # the blocks held then cover its end
-            if full <= start:
-                raise ValueError(f"decode_slots: {rids[i]} has nothing to register at step {j}")
-            hashed[i] = full
-            ranges.append((i, start, full))
-        labels = {}
-        for i in {i for i, _, _ in ranges}:
-            request = requests[i]
-            alloc._update_hashes(request, hashed[i] * bs)
-            req_hashed[rids[i]] = hashed[i]
-            touched.add(i)
-            extra = request.sampling_params.extra_args
-            labels[i] = extra.get("request_class") if extra else None  # as _cache_full_blocks
-        pool.cache_ranges([(lists[i], requests[i].block_hashes, a, b, labels[i]) for i, a, b in ranges])
-    for i in touched:
-        alloc._set_fast_limit(rids[i], lists[i])
+    if registers and enable:
+        _register(alloc, requests, first_ends, registers, per_step, touched)
+    for i, blocks in touched.items():
+        alloc._set_fast_limit(requests[i].request_id, blocks)
     return noted
+
+
+def _register(
+    alloc: "PagedAllocator",
+    requests: list[Request],
+    first_ends: list[int],
+    registers: list[int],
+    per_step: int,
+    touched: dict[int, list],
+) -> None:
+    """decode_slots' registrations, key by key: the blocks each fills hashed (as _update_hashes chains
+    them) and registered (as BlockPool.cache_ranges: skipping a block that has a hash, a duplicate kept
+    after the first), the access log written once. The same hashes, map, duplicates and log, in the same
+    order, as hashing each request's blocks first and registering them after."""
+    pool, bs = alloc.pool, alloc.block_size
+    req_hashed, req_blocks = alloc.req_num_hashed, alloc.req_blocks
+    hash_to_block, duplicates, caching = pool.hash_to_block, pool.duplicates, pool.enable_caching
+    logged: list[int] = []
+    progress: dict[int, list] = {}  # position -> [full blocks registered, request, block list, label]
+    for key in registers:
+        j, i = divmod(key, per_step)
+        state = progress.get(i)
+        if state is None:
+            request = requests[i]
+            extra = request.sampling_params.extra_args
+            label = extra.get("request_class") if extra else None  # as _cache_full_blocks
+            rid = request.request_id
+            state = progress[i] = [req_hashed.get(rid, 0), request, req_blocks[rid], label]
+        start, request, blocks, label = state
+        full = (first_ends[i] + j) // bs  # the blocks held then cover its end
+        if full <= start:
+            raise ValueError(f"decode_slots: {request.request_id} has nothing to register at step {j}")
+        state[0] = full
+        hashes = request.block_hashes
+        have = len(hashes)
+        if have < full:  # PagedAllocator._update_hashes(request, full * bs), inlined
+            tokens = request.all_token_ids
+            if len(tokens) < full * bs:
+                raise ValueError(f"decode_slots: {request.request_id} has no tokens for block {full - 1}")
+            parent = hashes[-1] if hashes else ROOT_HASH
+            for b in range(have, full):
+                parent = hash((parent,) + tuple(tokens[b * bs : b * bs + bs]))
+                hashes.append(parent)
+        if not caching:
+            continue
+        for b in range(start, full):
+            block = blocks[b]
+            if block.block_hash is not None:
+                continue
+            block_hash = hashes[b]
+            block.block_hash = block_hash
+            block.depth = b
+            block.request_class = label
+            logged.append(block_hash)
+            if hash_to_block.setdefault(block_hash, block) is not block:
+                duplicates.setdefault(block_hash, []).append(block)
+    for i, state in progress.items():
+        req_hashed[state[1].request_id] = state[0]
+        if i not in touched:
+            touched[i] = state[2]
+    if pool.access_log is not None and logged:
+        pool.access_log.cache_all(logged)

@@ -4,19 +4,11 @@ from collections.abc import Sequence
 
 from testbed.core.allocators import decode_run_slots
 from testbed.core.allocators.base import CopyKind, KVAllocator, KVCacheStats
+from testbed.core.allocators.block_hash import ROOT_HASH
+from testbed.core.allocators.block_hash import hash_block as hash_block  # re-exported
 from testbed.core.allocators.counter_spans import CounterSpans
 from testbed.core.block_pool import BlockPool, KVCacheBlock
 from testbed.request import Request
-
-# the parent of a first block: an int, because hash(None) is its address before Python 3.12, which would make
-# block hashes (and so prefix-affinity routing) differ from process to process (vLLM seeds its NONE_HASH too)
-ROOT_HASH = 0x5EED_CAFE
-
-
-def hash_block(parent_hash: int | None, token_ids) -> int:
-    """Chained block hash: equal hashes mean equal whole prefixes, not just equal blocks. Ints and tuples of
-    ints hash the same in every process, so the hashes are reproducible across runs."""
-    return hash((ROOT_HASH if parent_hash is None else parent_hash, *token_ids))
 
 
 class PagedAllocator(KVAllocator):
