@@ -36,6 +36,13 @@ def plan_decode(
         if limit is None or (held + 1) * bs < first:  # the full path decides / two blocks in one step
             return None
         full = req_hashed.get(rid, 0) if caching else held
+        if full == held - 1 and limit == held * bs - 1 and first <= held * bs and caching:
+            # the usual state: its last held block fills at step j (registered), the next block is taken
+            # the step after; what the loop below finds, at once
+            j = limit - first + 1
+            registers += range(j * n + i, end_key, bs * n)
+            takes += range((j + 1) * n + i, end_key, bs * n)
+            continue
         j = max(limit - first + 1, 0)
         while full < held and j < steps:  # until its last held block is full and registered
             end = first + j
