@@ -102,7 +102,8 @@ class Engine:
         # logprobs): while one runs, a step is finished before the next is scheduled
         self._needs_last_tokens: set[str] = set()
         self.step_count = 0
-        self.last_stats: StepStats | None = None
+        self._last_stats: StepStats | None = None
+        self._last_run: StepRun | None = None  # a decode run whose last StepStats is made when read
         self.step_callbacks: list = []  # called with each StepStats (recorders)
         # step callback -> what takes a simulation's decode run in one go (a StepRun) instead of its
         # steps one by one (experiments.results.recorder)
@@ -349,7 +350,8 @@ class Engine:
         self.step_count += 1
         scheduler = self.scheduler
         kv = self._kv_stats()
-        self.last_stats = StepStats(
+        self._last_run = None
+        self._last_stats = stats = StepStats(
             self.step_count,
             start,
             self.clock() - start,
@@ -367,7 +369,7 @@ class Engine:
             [] if preempted_ids is None else preempted_ids,
         )
         for callback in self.step_callbacks:
-            callback(self.last_stats)
+            callback(stats)
 
     def _kv_stats(self) -> KVCacheStats:
         scheduler = self.scheduler
@@ -410,7 +412,18 @@ class Engine:
                 steps = run.step_stats()
             for stats in steps:
                 callback(stats)
-        self.last_stats = steps[-1] if steps is not None else run.step(len(run) - 1)
+        if steps is None:  # its last StepStats made if someone reads it (most runs are followed by others)
+            self._last_run = run
+        else:
+            self._last_stats, self._last_run = steps[-1], None
+
+    @property
+    def last_stats(self) -> StepStats | None:
+        """The last step's StepStats (None before the first step)."""
+        run = self._last_run
+        if run is not None:
+            self._last_stats, self._last_run = run.step(len(run) - 1), None
+        return self._last_stats
 
     @property
     def spec_stats(self) -> dict:

@@ -17,6 +17,7 @@ from experiments.results.recorder import Recorder
 from experiments.run.runner import build_engine, run_trace
 from testbed.core.allocators.paged import PagedAllocator
 from testbed.engine import Engine
+from testbed.sampling_params import SamplingParams
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.shape import StepShape
 
@@ -250,3 +251,27 @@ def test_run_prices_equal_step_prices(extra):
     for n, first, count in [(1, 17, 3), (1, 17, 40), (7, 7 * 300, 100), (256, 256 * 2000, 64), (64, 2**45, 8)]:
         expected = [cost.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, first + i * n)) for i in range(count)]
         assert cost.decode_step_times(n, first, count) == expected
+
+
+def test_last_stats_after_a_run_equal_the_step_alone():
+    """Engine.last_stats after a step that advanced a decode run (the run's last StepStats, made when
+    read) equals that of the same step taken alone, run after run."""
+    engines = []
+    for skip in ("true", "false"):
+        with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
+            cfg = compose("config", overrides=SIM + ["trace=synthetic", f"executor.skip_steps={skip}"])
+        engine = build_engine(cfg, record_clock=False)
+        for k in range(4):
+            engine.add_request(f"r{k}", [5 + k] * (30 + 7 * k), SamplingParams(max_tokens=40 + 9 * k), arrival_time=0.0)
+        engines.append(engine)
+    skipping, stepping = engines
+    runs = 0
+    while skipping.has_unfinished():
+        before = skipping.step_count
+        skipping.step(horizon=skipping.clock() + 0.05, sends_on_finish=False)
+        runs += skipping.step_count > before + 1
+        while stepping.step_count < skipping.step_count:
+            stepping.step()
+        assert stepping.step_count == skipping.step_count
+        assert skipping.last_stats == stepping.last_stats
+    assert runs > 1 and not stepping.has_unfinished()
