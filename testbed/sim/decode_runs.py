@@ -90,9 +90,12 @@ class DecodeRuns:
             else None
         )
 
-    def _eligible(self) -> int:
+    def _eligible(self, each_checked: bool = False) -> int:
         """How many decode steps may run before the first in which some request finishes (its last token);
-        -1: none eligible now."""
+        -1: none eligible now. each_checked: the running requests are those a planned run left after ending
+        the ones that finished in its last step, each found eligible before it, and nothing a run changes
+        can make one ineligible (its tokens and computed tokens advance together): only their lengths are
+        read."""
         sched, ex = self.scheduler, self.executor
         if not self._steady_policy or sched.waiting or not sched.running or ex.cost_model is None:
             return -1
@@ -101,6 +104,8 @@ class DecodeRuns:
         running, token = sched.running, ex.token_id
         if len(running) > sched.config.max_num_batched_tokens:
             return -1
+        if each_checked:
+            return max(min(r.max_num_tokens - len(r.all_token_ids) for r in running) - 1, 0)
         steps = None
         for r in running:
             n = len(r.all_token_ids)
@@ -128,8 +133,9 @@ class DecodeRuns:
         if type(self.executor.clock) is not VirtualClock:  # its time is read and moved here directly
             return 0
         total = 0
+        each_checked = False
         while True:
-            left = self._eligible()
+            left = self._eligible(each_checked)
             # with `ended`, step `left` (the first in which a request finishes) may be the run's last
             max_steps = left + 1 if ended is not None and left >= 0 else left
             if max_steps <= 0:
@@ -139,6 +145,7 @@ class DecodeRuns:
                 if ran is not None:
                     total += ran
                     if ran == max_steps and ended is not None and past_finishes:
+                        each_checked = True
                         continue  # it ended with a step in which requests finished: the next run, of the others
                     return total
             if left <= 0:
@@ -242,15 +249,17 @@ class DecodeRuns:
         kv_after.add(noted_steps - noted, computed + (noted + 1) * n, counters)
         computed += steps * n
         limits = kv.req_fast_limit
-        for i, r in enumerate(running):
-            if limits[r.request_id] - base[i] + 1 < steps:
-                raise RuntimeError(f"decode run: {r.request_id} needs an allocation the plan did not make")
+        ids = []
+        for r, first in zip(running, base):
+            rid = r.request_id
+            if limits[rid] - first + 1 < steps:
+                raise RuntimeError(f"decode run: {rid} needs an allocation the plan did not make")
+            r.num_computed_tokens = first - 1 + steps
+            ids.append(rid)
         # what schedule() takes each step (_run_stepwise: at step 0 and at each allocation)
         kv.drop_block_updates()
         kv.take_copies()
         sched.drop_finished_ids()
-        for i, r in enumerate(running):
-            r.num_computed_tokens = base[i] - 1 + steps
         sched.running_computed_tokens = computed
         simulated = ex.simulated_seconds
         for dt in prices[:steps]:
@@ -259,7 +268,6 @@ class DecodeRuns:
         ex.num_steps += steps
         clock.now = ends[steps - 1]
         self.num_skipped += steps
-        ids = [r.request_id for r in running]
         finished = 0
         if finish and ended is not None:
             finished = self._finish(running, ended)
