@@ -28,6 +28,7 @@ tests/sim/test_decode_runs.py; `executor.skip_steps=false` turns skipping off.
 """
 
 import heapq
+import math
 from bisect import bisect_left
 from itertools import accumulate
 
@@ -61,6 +62,7 @@ class DecodeRuns:
         self.num_skipped = 0  # steps advanced here (also counted in the engine's step_count)
         self.num_out_of_blocks = 0  # runs that ended where the free blocks ran out
         self.num_finishing = 0  # steps advanced here in which requests finished
+        self._last_price = 0.0  # the first step's price in the last planned run (how long its blocks are)
         self._steady_policy = _steady(scheduler.policy)
         self._paged = isinstance(kv, PagedAllocator)
         # the paged allocator's decode allocation as _run_planned plans it
@@ -196,14 +198,17 @@ class DecodeRuns:
         running = list(sched.running)
         n = len(running)
         base = [len(r.all_token_ids) for r in running]
-        # the step times: priced in the blocks _run_stepwise prices them in, summed one by one
+        # the step times: priced a block of steps at a time, summed one by one (the blocks change nothing)
         prices: list[float] = []
         ends: list[float] = []
         context = sum(base)
         first_start = now = clock.now
         steps = 0
-        while steps < max_steps:
-            count = min(max_steps - steps, max(32, steps))
+        # the first block: about as many steps as fit before the horizon at the last run's first price (a
+        # guess; the next block follows if the run goes on)
+        room = (horizon - now) / self._last_price if self._last_price > 0 else math.inf
+        count = min(max_steps, max(int(room * 1.05) + 2, 1) if room < 30 else 32)
+        while True:
             chunk = ex.cost_model.decode_step_times(n, context + steps * n, count)
             if min(chunk) < 0:
                 return None  # _run_stepwise refuses it at its step, if the run gets there
@@ -213,8 +218,10 @@ class DecodeRuns:
             ends += times[1 : late + 1]
             steps += late
             now = times[late]
-            if late < count:
+            if late < count or steps >= max_steps:
                 break
+            count = min(max_steps - steps, max(32, steps))
+        self._last_price = prices[0]
         if steps == 0:
             return 0
         # the allocations: where blocks are taken and registered (step * n + position keys)

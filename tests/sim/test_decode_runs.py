@@ -18,6 +18,7 @@ from experiments.run.runner import build_engine, run_trace
 from testbed.core.allocators.paged import PagedAllocator
 from testbed.engine import Engine
 from testbed.sampling_params import SamplingParams
+from testbed.sim.cost_models.scaled import ScaledCost
 from testbed.sim.decode_runs import DecodeRuns
 from testbed.sim.shape import StepShape
 
@@ -124,8 +125,24 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
         return skipped[-1]
 
     monkeypatch.setattr(DecodeRuns, "run", counted)
-    plan = lambda self, *args: planned.append(real_planned(self, *args)) or planned[-1]
+    blocks, priced = [], [0]  # azure-cost-scale: per planned run, the blocks of steps it priced; all priced
+
+    def plan(self, *args):
+        if case == "azure-cost-scale":
+            self._last_price *= 16  # first blocks of a few steps: runs priced in several blocks
+        before = priced[0]
+        planned.append(real_planned(self, *args))
+        blocks.append(priced[0] - before)
+        return planned[-1]
+
     monkeypatch.setattr(DecodeRuns, "_run_planned", plan)
+    real_prices = ScaledCost.decode_step_times
+
+    def prices(self, *args):
+        priced[0] += 1
+        return real_prices(self, *args)
+
+    monkeypatch.setattr(ScaledCost, "decode_step_times", prices)
     ending_runs = []  # runs whose last step ended requests (recorded whole, not as a full step)
     real_emit_run = Engine._emit_run
 
@@ -182,6 +199,8 @@ def test_skipping_equals_stepping(tmp_path, monkeypatch, case):
         assert s_step["num_preemptions"] > 0 if "num_preemptions" in s_step else r_step["num_preemptions"].sum() > 0
     if case.endswith("prefix") or case == "sessions":
         assert r_step["cached_tokens"].sum() > 0
+    if case == "azure-cost-scale":  # runs of several blocks
+        assert sum(b > 1 for b, p in zip(blocks, planned) if p) > 0.5 * sum(map(bool, planned))
     if case == "synthetic-same-prompts":  # runs evicted cached blocks and registered hashes cached blocks had
         assert sum(evicted) > 0 and sum(collided) > 0 and r_step["cached_tokens"].sum() > 0
 
@@ -243,12 +262,15 @@ def test_runs_recorded_whole_equal_their_rows(tmp_path, monkeypatch, listening):
 
 @pytest.mark.parametrize("extra", [[], ["parallel.tensor_parallel_size=2"]])
 def test_run_prices_equal_step_prices(extra):
-    """CostModel.decode_step_times (the roofline's vectorised; tensor parallelism's step by step) gives
-    step_time's doubles exactly, also past the range where the vectorised products are exact."""
+    """CostModel.decode_step_times (the roofline's in Python for a few steps, vectorised for more; tensor
+    parallelism's step by step) gives step_time's doubles exactly, also past the range where the
+    vectorised products are exact."""
     with initialize_config_module(config_module="experiments.conf", version_base="1.3"):
         cfg = compose("config", overrides=SIM + ["trace=synthetic", *extra])
     cost = build_engine(cfg, record_clock=False).executor.cost_model
-    for n, first, count in [(1, 17, 3), (1, 17, 40), (7, 7 * 300, 100), (256, 256 * 2000, 64), (64, 2**45, 8)]:
+    cases = [(1, 17, 3), (1, 17, 40), (7, 7 * 300, 100), (256, 256 * 2000, 64), (64, 2**45, 8), (64, 2**45, 40)]
+    cases += [(9, 9 * 500, 12), (256, 256 * 2000, 24), (7, 7 * 300, 25), (3, 5, 1)]  # around _FEW_STEPS
+    for n, first, count in cases:
         expected = [cost.step_time(StepShape(n, n, n, 0, 0, 0.0, 0, n, n, first + i * n)) for i in range(count)]
         assert cost.decode_step_times(n, first, count) == expected
 

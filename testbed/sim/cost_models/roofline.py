@@ -18,6 +18,10 @@ from testbed.sim.cost_models.base import CostContext, CostModel
 from testbed.sim.devices import DeviceSpec
 from testbed.sim.shape import StepShape
 
+# up to this many steps a decode run's prices are made in Python, skipping numpy's fixed cost per call: most
+# planned runs' first blocks are shorter (they end at the next arrival)
+_FEW_STEPS = 24
+
 
 class RooflineCost(CostModel):
     name = "roofline"
@@ -74,17 +78,22 @@ class RooflineCost(CostModel):
         return linear + prefill + decode + kv_write + overhead
 
     def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
-        """step_time of a decode run's steps at once: the same operations in the same order on float64,
-        so each price equals step_time's to the last bit while the KV-token products stay exact in a
-        double (below 2**53; beyond, one by one)."""
-        last = first_context + (count - 1) * num_seqs
-        if count < 4 or max(self.attn_flops_per_pair, self.kv_bytes_per_token) * last >= 2**53:
-            return super().decode_step_times(num_seqs, first_context, count)
+        """step_time of a decode run's steps at once, each equal to step_time's to the last bit: a few
+        in Python (step_time's operations, without a StepShape each), more on float64 arrays (the same
+        operations in the same order, while the KV-token products stay exact in a double: below 2**53;
+        beyond, in Python too)."""
         flops, bw, n = self.device.flops, self.device.bandwidth, num_seqs
         # the parts that do not change with the context, as step_time computes them
         linear = max((2 * self.linear_params * n + 2 * self.head_params * n) / flops, self.weight_bytes / bw)
         kv_write = self.kv_bytes_per_token * n / bw
         overhead = 1e-6 * (self.device.step_overhead_us + self.device.seq_overhead_us * n)
+        attn, kv_bytes = self.attn_flops_per_pair, self.kv_bytes_per_token
+        last = first_context + (count - 1) * n
+        if count <= _FEW_STEPS or max(attn, kv_bytes) * last >= 2**53:
+            return [
+                linear + 0.0 + max(attn * c / flops, kv_bytes * c / bw) + kv_write + overhead
+                for c in range(first_context, last + 1, n)
+            ]
         context = first_context + n * np.arange(count, dtype=np.int64)
-        decode = np.maximum(self.attn_flops_per_pair * context / flops, self.kv_bytes_per_token * context / bw)
+        decode = np.maximum(attn * context / flops, kv_bytes * context / bw)
         return ((((linear + 0.0) + decode) + kv_write) + overhead).tolist()
