@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from experiments.results.atomic import atomic_write_text, atomic_write_with, fsync_dir
+from experiments.results.list_columns import frame_table
 
 SWEEP_TABLE = "sweep.csv"
 
@@ -84,7 +85,7 @@ def write_run(
         fsync_dir(run_dir)
     atomic_write_text(run_dir / "config.yaml", config_yaml)
     write_parquet(run_dir / "requests.parquet", requests)
-    write_parquet(run_dir / "steps.parquet", steps)
+    write_parquet(run_dir / "steps.parquet", frame_table(steps))  # its list columns: one object per decode run
     if trace_report is not None:
         write_json(run_dir / "trace_report.json", trace_report)
     if clock is not None:  # every engine clock reading of a real run (replayed by executor.cost_model=replay_steps)
