@@ -19,12 +19,14 @@ FILE = "kv_accesses.parquet"
 def access_table(log) -> pa.Table:
     """The stream as the arrow table pandas makes of its frame (`pa.Table.from_pandas(frame,
     preserve_index=False)`: kind, request_id, num_tokens as Int64, hashes as a column of lists, with
-    pandas' metadata), what `to_parquet` writes. A run has millions of block events: the hash lists are
-    made as one arrow list array from the hashes laid end to end, not as a Python list per event."""
+    pandas' metadata), what `to_parquet` writes. A run has millions of block events: the columns are made
+    as arrow arrays from the log's lists (no frame of Python objects first), the hash lists as one list
+    array from the hashes laid end to end."""
     kinds, request_ids, num_tokens, values, counts = log.flat_columns()
-    frame = pd.DataFrame({"kind": kinds, "request_id": request_ids, "num_tokens": num_tokens})
-    frame["num_tokens"] = frame["num_tokens"].astype("Int64")
-    if not values or len(values) > np.iinfo(np.int32).max:  # pyarrow infers these columns' types otherwise
+    lookups = len(request_ids) - request_ids.count(None)
+    if not lookups or not values or len(values) > np.iinfo(np.int32).max:  # pandas infers other types then
+        frame = pd.DataFrame({"kind": kinds, "request_id": request_ids, "num_tokens": num_tokens})
+        frame["num_tokens"] = frame["num_tokens"].astype("Int64")
         hashes, at = [], 0
         for count in counts:
             hashes.append(values[at : at + count])
@@ -32,10 +34,24 @@ def access_table(log) -> pa.Table:
         return pa.Table.from_pandas(frame.assign(hashes=hashes), preserve_index=False)
     offsets = np.zeros(len(counts) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))  # list<int64>, as pyarrow infers
-    table = pa.Table.from_pandas(frame, preserve_index=False).append_column("hashes", lists)
-    # pandas' metadata of these columns, hashes an object column: pyarrow makes it from dtypes and arrow types
-    stub = frame.iloc[:0].assign(hashes=pd.Series([], dtype=object))
+    table = pa.table(
+        {
+            # the types pandas gives these columns (str: large_string; Int64: int64), None as null
+            "kind": pa.array(kinds, type=pa.large_string()),
+            "request_id": pa.array(request_ids, type=pa.large_string()),
+            "num_tokens": pa.array(num_tokens, type=pa.int64()),
+            "hashes": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),  # list<int64>, as inferred
+        }
+    )
+    # pandas' metadata of the frame's columns: pyarrow makes it from dtypes and arrow types
+    stub = pd.DataFrame(
+        {
+            "kind": pd.Series(kinds[:1], dtype="str"),
+            "request_id": pd.Series(["?"], dtype="str"),
+            "num_tokens": pd.Series([0], dtype="Int64"),
+            "hashes": pd.Series([[]], dtype=object),
+        }
+    ).iloc[:0]
     metadata = pa.Table.from_pandas(stub, schema=table.schema, preserve_index=False).schema.metadata
     return table.replace_schema_metadata(metadata)
 

@@ -69,6 +69,14 @@ def streams():
     no_lookup = KVAccessLog()
     no_lookup.cache_all([1, 2, 3])
     yield "no-lookup", no_lookup
+    only_lookups = KVAccessLog()
+    only_lookups.lookup("a", 40, [5, -6])
+    only_lookups.lookup("b", 3, [])
+    yield "only-lookups", only_lookups
+    lookup_and_nones = KVAccessLog()
+    lookup_and_nones.lookup("a", 40, [2**62])
+    lookup_and_nones.release_all([None, None])
+    yield "lookup-and-releases-of-nothing", lookup_and_nones
 
 
 @pytest.mark.parametrize("name, log", list(streams()), ids=[name for name, _ in streams()])
