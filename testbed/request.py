@@ -46,7 +46,7 @@ class Request:
         self.seq_no = 0  # admission order, set by the scheduler (tie-breaker)
         self.eos_token_ids = frozenset(eos_token_ids)
         # token ids that may end the request (EOS unless ignored, stop tokens): one set lookup per token
-        # sampled; which of them it was is sorted out only when one comes (Scheduler._check_stop)
+        # sampled; which of them it was is sorted out only when one comes (testbed.stopping.check_token_stop)
         self.stop_check_ids = frozenset(sampling_params.stop_token_ids).union(
             () if sampling_params.ignore_eos else self.eos_token_ids
         )
