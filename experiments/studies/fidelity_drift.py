@@ -50,6 +50,8 @@ VERDICTS = {
     "spread": "missed both ways; the real interval is wider than the target and holds the matched figure",
     "unexplained": "missed, not explained by the probe's drift or the real spread",
 }
+# a knee verdict only: no real run met the attainment at any load of the grid, so the knee lies below it
+NO_KNEE = "no knee in the load grid"
 
 
 def reference_probe(profile: dict) -> float | None:
@@ -207,7 +209,9 @@ def knee_matched(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
                     "matched_inside": inside,
                     "target": KNEE_TARGET,
                     "spread_exceeds_target": spread,
-                    "verdict": verdict(raw_err, matched_err, KNEE_TARGET, spread, inside),
+                    "verdict": verdict(raw_err, matched_err, KNEE_TARGET, spread, inside)
+                    if math.isfinite(mean)
+                    else NO_KNEE,
                 }
             )
     return pd.DataFrame(rows)

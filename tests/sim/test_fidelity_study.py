@@ -12,9 +12,11 @@ from experiments.studies import fidelity, fidelity_reanalyze
 from experiments.studies.fidelity_drift import (
     MATCHED,
     MATCHED_BEFORE,
+    NO_KNEE,
     STEP_MATCHED,
     cost_scales,
     drift_matched,
+    knee_matched,
     markdown,
     run_probe,
     step_scales,
@@ -55,6 +57,27 @@ def test_knee_interpolates_between_the_last_met_and_first_missed_load():
     assert knee([1, 2, 3, 4], [1.0, 0.95, 0.85, 0.2]) == (pytest.approx(2.5), False)
     assert knee([1, 2], [1.0, 0.95]) == (2, True)  # every load met: a lower bound
     assert math.isnan(knee([1, 2], [0.5, 0.1])[0])
+
+
+def _open_sweep(real_attainments: list[float], sim_attainments: list[float]) -> pd.DataFrame:
+    """One trace's open cells at 1, 2, 3 req/s: three real repeats and a raw and a matched simulation each."""
+    rows = []
+    for rate, real, sim in zip((1.0, 2.0, 3.0), real_attainments, sim_attainments):
+        common = {"trace": "t", "mode": "open", "offered_rate": rate, "cost_model": "profile"}
+        rows.append({**common, "side": "sim", "repeat": math.nan, "slo_attainment": sim})
+        for repeat in range(3):
+            rows.append({**common, "side": "real", "repeat": repeat, "slo_attainment": real})
+            rows.append({**common, "side": MATCHED, "repeat": repeat, "slo_attainment": sim})
+    return pd.DataFrame(rows)
+
+
+def test_a_knee_below_the_load_grid_is_named_so_not_unexplained():
+    """No real run met the attainment at any load: the knee lies below the grid, which is no model error."""
+    below = knee_matched(_open_sweep([0.6, 0.5, 0.4], [0.6, 0.5, 0.4]))
+    assert below["verdict"].tolist() == [NO_KNEE]
+    found = knee_matched(_open_sweep([1.0, 0.95, 0.5], [1.0, 0.95, 0.5]))  # the same knee both sides
+    assert found["verdict"].tolist() == ["met"]
+    assert found["raw_error"].iloc[0] == pytest.approx(0.0)
 
 
 def test_residuals_by_repeat_recover_a_planted_speed_change():
