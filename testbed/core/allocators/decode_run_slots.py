@@ -5,7 +5,7 @@ the same names call them), kept apart from its per-step paths; the real engine n
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from testbed.core.allocators.block_hash import ROOT_HASH
+from testbed.core.allocators.block_hash import ROOT_HASH, hash_block
 from testbed.request import Request
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def _register(
                 raise ValueError(f"decode_slots: {request.request_id} has no tokens for block {full - 1}")
             parent = hashes[-1] if hashes else ROOT_HASH
             for b in range(have, full):
-                parent = hash((parent,) + tuple(tokens[b * bs : b * bs + bs]))
+                parent = hash_block(parent, tokens[b * bs : b * bs + bs])
                 hashes.append(parent)
         if not caching:
             continue
