@@ -22,12 +22,18 @@ PAIRS = [
     ("v6_2026-12-03", "v8_2026-12-03"),
     ("v8_2026-12-03", "v9_2026-12-03"),
     ("v7_2026-12-03", "v9_2026-12-03"),
+    ("v9_knee_low_2026-12-03", "v10_knee_2026-12-03"),
 ]
 TRIPLES = [
     ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03"),
     ("v6_2026-12-03", "v7_2026-12-03", "v8_2026-12-03"),
     ("v7_2026-12-03", "v8_2026-12-03", "v9_2026-12-03"),
 ]
+
+
+def label(folder: str) -> str:
+    """v9_knee_low_2026-12-03 -> v9_knee_low: the folder name without its date."""
+    return folder.rsplit("_", 1)[0]
 
 
 def load(folder: str) -> pd.DataFrame:
@@ -42,7 +48,7 @@ for first, second in PAIRS:
         idx = [i for i in both if i[1] == model]
         x, y = a.loc[idx], b.loc[idx]
         ma, mb = x.verdict.eq("met"), y.verdict.eq("met")
-        print(f"{first[:2]} + {second[:2]} {model}: n {len(idx)}, met in both {(ma & mb).sum()}, one {(ma ^ mb).sum()}, "
+        print(f"{label(first)} + {label(second)} {model}: n {len(idx)}, met in both {(ma & mb).sum()}, one {(ma ^ mb).sum()}, "
               f"neither {(~ma & ~mb).sum()}, same sign {(x.raw_error * y.raw_error > 0).sum()}, "
               f"U {x.verdict.eq('unexplained').sum()} / {y.verdict.eq('unexplained').sum()}")
         per = []
@@ -52,7 +58,7 @@ for first, second in PAIRS:
         print("   both/one/neither per metric: " + ", ".join(per))
 
 for triple in TRIPLES:
-    studies = {name[:2]: load(name) for name in triple}
+    studies = {label(name): load(name) for name in triple}
     first, *rest = studies.values()
     shared = first.index
     for other in rest:
