@@ -39,7 +39,9 @@ class Request:
         index: int = 0,
     ):
         self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+        # the caller's list itself, not a copy (as vLLM v1's Request): nothing changes a prompt, and a replay's
+        # prompts hold millions of tokens; all_token_ids below is the request's own
+        self.prompt_token_ids = prompt_token_ids if type(prompt_token_ids) is list else list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
@@ -54,7 +56,7 @@ class Request:
         max_tokens = sampling_params.max_tokens
         self.max_num_tokens = len(self.prompt_token_ids) + max_tokens if max_tokens is not None else 2**62
         self.output_token_ids: list[int] = []
-        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.spec_token_ids: list[int] = []  # proposed, not yet verified (speculative decoding)
         self.output_logprobs: list = []  # per output token: {token id: Logprob} (testbed.executor.logprobs)
         self.cumulative_logprob = 0.0  # sum of the output tokens' logprobs, kept when logprobs are computed
