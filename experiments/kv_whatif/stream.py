@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from experiments.results.arrow_pool import system_memory_pool
+
 FILE = "kv_accesses.parquet"
 
 
@@ -21,7 +23,12 @@ def access_table(log) -> pa.Table:
     preserve_index=False)`: kind, request_id, num_tokens as Int64, hashes as a column of lists, with
     pandas' metadata), what `to_parquet` writes. A run has millions of block events: the columns are made
     as arrow arrays from the log's lists (no frame of Python objects first), the hash lists as one list
-    array from the hashes laid end to end."""
+    array from the hashes laid end to end; arrow's buffers from malloc (experiments.results.arrow_pool)."""
+    with system_memory_pool():
+        return _access_table(log)
+
+
+def _access_table(log) -> pa.Table:
     kinds, request_ids, num_tokens, values, counts = log.flat_columns()
     lookups = len(request_ids) - request_ids.count(None)
     if not lookups or not values or len(values) > np.iinfo(np.int32).max:  # pandas infers other types then

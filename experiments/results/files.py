@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from experiments.results.arrow_pool import system_memory_pool
 from experiments.results.atomic import atomic_write_text, atomic_write_with, fsync_dir
 from experiments.results.list_columns import frame_table
 
@@ -78,20 +79,22 @@ def write_run(
     clock: pd.DataFrame | None = None,
     tables: dict[str, pd.DataFrame | pa.Table] | None = None,
 ) -> None:
+    """The run's files; arrow's buffers from malloc meanwhile (experiments.results.arrow_pool)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
     if summary_path.exists():  # rewriting a folder: until the new summary lands, the folder reads incomplete
         summary_path.unlink()
         fsync_dir(run_dir)
     atomic_write_text(run_dir / "config.yaml", config_yaml)
-    write_parquet(run_dir / "requests.parquet", requests)
-    write_parquet(run_dir / "steps.parquet", frame_table(steps))  # its list columns: one object per decode run
-    if trace_report is not None:
-        write_json(run_dir / "trace_report.json", trace_report)
-    if clock is not None:  # every engine clock reading of a real run (replayed by executor.cost_model=replay_steps)
-        write_parquet(run_dir / "clock.parquet", clock)
-    for name, frame in (tables or {}).items():  # further tables of a run (turns.parquet of sessions)
-        write_parquet(run_dir / name, frame)
+    with system_memory_pool():
+        write_parquet(run_dir / "requests.parquet", requests)
+        write_parquet(run_dir / "steps.parquet", frame_table(steps))  # its list columns: one object per decode run
+        if trace_report is not None:
+            write_json(run_dir / "trace_report.json", trace_report)
+        if clock is not None:  # every engine clock reading of a real run (replayed by executor.cost_model=replay_steps)
+            write_parquet(run_dir / "clock.parquet", clock)
+        for name, frame in (tables or {}).items():  # further tables of a run (turns.parquet of sessions)
+            write_parquet(run_dir / name, frame)
     write_json(summary_path, summary)  # last: its presence marks a complete write
 
 
