@@ -20,9 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, load_average, markdown_table, publish
-
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "kernels"
 # SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64; its four linear layers [out, in]
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 LINEARS = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -124,7 +123,7 @@ def linear_modes(rows_list: list[int], layers: int, rounds: int, threads: int) -
             env = dict(os.environ, TESTBED_CPU_LINEAR_PREFETCH="0" if mode == "packed-no-prefetch" else "1")
             cmd = [sys.executable, "-m", "benchmarks.cpu_kernels", "--linear-child", mode, "--threads", str(threads)]
             cmd += ["--layers", str(layers), "--rows", *map(str, rows_list)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 raise RuntimeError(f"cpu_kernels: the {mode} run failed:\n{proc.stderr[-3000:]}")
             runs.append({"mode": mode, "round": r + 1, "seconds": json.loads(proc.stdout.splitlines()[-1])})
@@ -132,7 +131,7 @@ def linear_modes(rows_list: list[int], layers: int, rounds: int, threads: int) -
     return runs
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="prefill: alternations per shape")
@@ -142,13 +141,16 @@ def main() -> int:
     p.add_argument("--prefill", type=str, nargs="+", default=["64/64", "256/256", "512/512", "1024/1024", "256/512"])
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--linear-child", choices=MODES, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(a.threads)
     if a.linear_child:
         print(json.dumps(linear_child(a.linear_child, a.rows, a.layers, 5)))
         return 0
+    # here, not at the top: a child (one per mode per round) would import pandas with it for nothing
+    from benchmarks.common import environment, load_average, markdown_table, publish
+
     env = {**environment(), "load_before": load_average(), "threads": a.threads}
     shapes = [tuple(int(v) for v in s.split("/")) for s in a.prefill]
     import kernels.cpu as cpu_kernels

@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import environment, load_average, markdown_table, publish
 from benchmarks.systems import make_workload
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "host_overhead"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "host_overhead"
 MODES = ("kept", "default")
 
 
@@ -66,7 +66,7 @@ def run_once(
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--parallel", type=int, default=32)
@@ -82,11 +82,14 @@ def main() -> int:
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     shape = (a.model, a.parallel, a.prompt_len, a.output_len, a.threads, a.kv_cache_memory_gb)
     if a.child:
         print(json.dumps(run_once(a.child, *shape)))
         return 0
+    # here, not at the top: a child (one per mode per round) would import pandas with it for nothing
+    from benchmarks.common import environment, load_average, markdown_table, publish
+
     env, runs = {**environment(), "load_before": load_average()}, []
     for r in range(a.repeats):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
@@ -95,7 +98,7 @@ def main() -> int:
             cmd += ["--parallel", str(a.parallel)]
             cmd += ["--prompt-len", str(a.prompt_len), "--output-len", str(a.output_len), "--threads", str(a.threads)]
             cmd += ["--kv-cache-memory-gb", str(a.kv_cache_memory_gb)]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             if out.returncode != 0:
                 raise RuntimeError(f"page_faults: the {mode} run failed:\n{out.stderr[-3000:]}")
             runs.append({**json.loads(out.stdout.splitlines()[-1]), "run": r + 1, "load": load_average()})

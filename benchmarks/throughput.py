@@ -155,7 +155,7 @@ def run_system(spec: dict, timeout_s: float) -> dict:
         return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="default: gpu if CUDA is available")
     p.add_argument("--model")
@@ -207,7 +207,7 @@ def main() -> int:
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", help="result file stem (default: <preset>-<model>)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
 
     import torch
 

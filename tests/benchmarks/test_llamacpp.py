@@ -3,15 +3,10 @@ tiny model (llama.cpp skipped with its reason), and (slow, on purpose) the real 
 
 import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from benchmarks import llamacpp
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks import llamacpp, throughput
 
 
 def test_missing_toolchain_is_a_clear_skip(tmp_path, monkeypatch):
@@ -47,13 +42,13 @@ def test_http_replay_reads_llama_server_model_card(monkeypatch):
     assert info["max_model_len"] == 640 and info["vocab_size"] == 49152 and info["id"] == "m.gguf"
 
 
-def test_shape_preset_runs_engine_and_reports_skipped_llamacpp(tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.throughput", "--preset", "cpu-shape", "--model", "tiny"]
-    cmd += ["--parallel", "1", "2", "--prompt-len", "24", "--output-len", "5", "--threads", "1"]
-    cmd += ["--kv-cache-dtype", "float16", "--out", str(tmp_path), "--name", "shape"]
-    cmd += ["--kv-cache-memory-gb", "0.0625"]  # each engine zeroes its KV budget at start-up (default 2 GiB)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_shape_preset_runs_engine_and_reports_skipped_llamacpp(tmp_path, keep_torch_threads):
+    """benchmarks.throughput's main in this process (each system still runs in its own)."""
+    args = ["--preset", "cpu-shape", "--model", "tiny"]
+    args += ["--parallel", "1", "2", "--prompt-len", "24", "--output-len", "5", "--threads", "1"]
+    args += ["--kv-cache-dtype", "float16", "--out", str(tmp_path), "--name", "shape"]
+    args += ["--kv-cache-memory-gb", "0.0625"]  # each engine zeroes its KV budget at start-up (default 2 GiB)
+    assert throughput.main(args) == 0
     result = json.loads((tmp_path / "shape.json").read_text())
     rows = {r["system"]: r for r in result["results"]}
     assert set(rows) == {f"{s} (parallel {n})" for s in ("engine-cpu", "llamacpp") for n in (1, 2)}

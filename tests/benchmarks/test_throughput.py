@@ -1,15 +1,12 @@
-"""The throughput benchmark end to end on a tiny model (every system in its own process), and its roofline math."""
+"""The throughput benchmark end to end on a tiny model (every system in its own process; its main in this
+process, whose own process would only add a start-up), and its roofline math."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from benchmarks.report import paired_rounds
 from benchmarks.roofline import fastest_device, workload_bound
+from benchmarks.throughput import main
 from experiments.statistics.intervals import t_interval
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_roofline_bound_by_hand():
@@ -63,11 +60,8 @@ def test_paired_rounds_sets_each_run_against_its_own_round():
     assert paired_rounds({"engine-cpu": [{"run": 1, "output_tok_s": 1.0}]}, [None]) == []
 
 
-def test_benchmark_runs_every_system(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.throughput",
+def test_benchmark_runs_every_system(tmp_path, keep_torch_threads):
+    args = [
         "--preset",
         "cpu",
         "--model",
@@ -89,8 +83,7 @@ def test_benchmark_runs_every_system(tmp_path):
         "--name",
         "smoke",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert main(args) == 0
     result = json.loads((tmp_path / "smoke.json").read_text())
     rows = {r["system"]: r for r in result["results"]}
     assert set(rows) == {"engine-cpu", "engine-torch", "hf-static (batch 2)"}
