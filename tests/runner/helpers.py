@@ -34,13 +34,17 @@ def run_cli(*overrides, cwd=ROOT, env=None, timeout=900, check=True) -> subproce
     return proc
 
 
-def run_here(*args: str, log: Path) -> int:
+def run_here(*args: str, log: Path, err: Path | None = None) -> int:
     """`python run.py ARGS` as __main__ in this process, for tests that are not about the process (a run.py
     start-up costs seconds of imports and composes): run.py's own entry point and Hydra command line, its
-    output into `log`, Hydra's logging handlers removed afterwards. Returns the exit code."""
+    output into `log` (its stderr into `err` if given), Hydra's logging handlers removed afterwards. Returns
+    the exit code."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(open(log, "w"))
+        stack.enter_context(contextlib.redirect_stdout(f))
+        stack.enter_context(contextlib.redirect_stderr(f if err is None else stack.enter_context(open(err, "w"))))
         argv, sys.argv = sys.argv, [str(ROOT / "run.py"), *args]
         try:
             runpy.run_path(str(ROOT / "run.py"), run_name="__main__")

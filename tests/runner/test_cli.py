@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 
-from .helpers import ROOT, assert_summary_matches, read_run, run_cli
+from .helpers import ROOT, assert_summary_matches, read_run, run_cli, run_here
 
 SYNTH = [
     "model=tiny",
@@ -134,12 +134,15 @@ def test_ctrl_c_keeps_measurements(tmp_path):
 def test_default_run_prints_a_summary(tmp_path):
     """`python run.py` (the built-in prompt set on smollm2-135m), made small: the KV budget too (still sized
     from cache.memory_gb, as by default; 1/16 of the default 1 GiB that the 3 prompts never use, which costs
-    seconds to zero and fault in on huge pages)."""
-    proc = run_cli(
-        "workload.num_prompts=3", "workload.max_tokens=4", "cache.memory_gb=0.0625", f"hydra.run.dir={tmp_path}/run"
-    )
+    seconds to zero and fault in on huge pages). run.py's entry point in this process: the tests above and
+    test_console_script.py run it as a process; a process of its own here would only load torch, transformers
+    and the tokenizer once more."""
+    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    args = ("workload.num_prompts=3", "workload.max_tokens=4", "cache.memory_gb=0.0625", "progress=false")
+    assert run_here(*args, f"hydra.run.dir={tmp_path}/run", log=out, err=err) == 0, err.read_text()[-3000:]
+    stdout = out.read_text()
     for text in ("requests completed", "3 / 3", "output throughput", "tok/s", "TTFT", "first answer"):
-        assert text in proc.stdout, proc.stdout
+        assert text in stdout, stdout
     summary, _, _ = read_run(tmp_path / "run")
     assert summary["completed"] == 3 and summary["replay"] == "offline"
     assert json.loads((tmp_path / "run" / "samples.json").read_text())[0]["answer"]
