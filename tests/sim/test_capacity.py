@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from testbed.attention.backend import KernelBackend
 from testbed.config import EngineConfig
@@ -17,11 +18,13 @@ from testbed.sim.devices import load_device
 @pytest.mark.parametrize("model", ["tiny", "qwen3-0.6b"])
 @pytest.mark.parametrize("tied", [True, False])
 def test_weight_params_equal_the_real_models_parameters(model, tied):
-    """The count equals the parameters of the model the real engine builds (tied tables counted once)."""
+    """The count equals the parameters of the model the real engine builds (tied tables counted once); built
+    on the meta device, as the engine builds it before loading weights (shapes only: no memory, no init)."""
     arch = dataclasses.replace(load_model_spec(model).arch, tie_word_embeddings=tied)
     if model != "tiny":  # qwen3-0.6b: its shape, shrunk to two layers so it builds in a moment
         arch = dataclasses.replace(arch, num_hidden_layers=2)
-    real = LlamaForCausalLM(arch, KernelBackend(), max_positions=16)
+    with torch.device("meta"):
+        real = LlamaForCausalLM(arch, KernelBackend(), max_positions=16)
     assert weight_params(arch) == sum(p.numel() for p in real.parameters())
 
 
