@@ -23,6 +23,7 @@ from experiments.replay.driver import Replay
 from experiments.results.metrics import check_slo
 from experiments.run.console import print_summary
 from experiments.run.frozen_gc import frozen_gc
+from experiments.run.huge_pages import numpy_small_pages
 from experiments.run.replay_run import (
     config_value,
     drive,
@@ -153,8 +154,9 @@ def replay_cluster(
         cluster, recorder, **options, temperature=setup.replay_cfg.get("temperature", 0.0)
     )
     # the replicas and specs, then the run's records while they are written, out of the garbage
-    # collector's way (experiments.run.frozen_gc), as for one engine (experiments.run.runner.replay_specs)
-    with frozen_gc(), StopSignals() as stops:
+    # collector's way (experiments.run.frozen_gc), numpy's arrays on small pages (experiments.run.huge_pages),
+    # as for one engine (experiments.run.runner.replay_specs)
+    with frozen_gc(), numpy_small_pages(), StopSignals() as stops:
         try:
             interrupted, error = drive(replay, specs, setup.mode, setup.replay_cfg.get("concurrency"), stops)
         finally:

@@ -31,6 +31,7 @@ from experiments.results.metrics import check_slo
 from experiments.results.recorder import Recorder
 from experiments.run.console import print_summary
 from experiments.run.frozen_gc import frozen_gc
+from experiments.run.huge_pages import numpy_small_pages
 from experiments.run.replay_run import (
     config_value,
     drive,
@@ -194,8 +195,9 @@ def run_sessions(cfg, run_dir: str | Path, engine, trace_cfg) -> dict:
 def replay_specs(cfg, run_dir: str | Path, engine, specs: list[RequestSpec] | list[Session], **options) -> dict:
     """Replay specs on the engine, record and write the run (options: _replay_specs'). The engine and the
     specs, then the run's records while they are written, are frozen out of the garbage collector's
-    full collections (experiments.run.frozen_gc)."""
-    with frozen_gc():
+    full collections (experiments.run.frozen_gc); numpy advises no huge pages meanwhile
+    (experiments.run.huge_pages)."""
+    with frozen_gc(), numpy_small_pages():
         return _replay_specs(cfg, run_dir, engine, specs, **options)
 
 
