@@ -41,6 +41,8 @@ def _stop(procs: list, group: TPGroup | None) -> None:
         except Exception:  # the group is broken: kill below
             logger.debug("tensor parallel: the stop command did not reach every worker", exc_info=True)
     for p in procs:
+        if group is None:  # nothing asks it to end: waiting would only wait out a hung or idle worker
+            p.kill()
         p.join(timeout=5)
         if p.is_alive():
             p.kill()

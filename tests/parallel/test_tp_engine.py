@@ -175,8 +175,10 @@ def test_a_dead_or_hung_worker_is_a_clear_error_in_bounded_time(fault):
         with pytest.raises(TensorParallelError):
             tp.executor.execute(None)
     finally:
+        closing = time.monotonic()
         tp.close()
     assert all(p.exitcode is not None for p in procs)
+    assert time.monotonic() - closing < 4  # a failed group's workers are killed, not waited for (5 s each)
 
 
 @pytest.mark.slow
