@@ -21,15 +21,19 @@ def advised() -> bool:
 def test_the_block_turns_the_advice_off_and_back():
     switch = madvise_switch()
     assert switch is not None
-    for before in (True, False):
-        switch(before)
-        with numpy_small_pages():
-            assert advised() is False
-        assert advised() is before
-    with pytest.raises(RuntimeError), numpy_small_pages():
-        raise RuntimeError("a failed run")
-    assert advised() is False
-    switch(True)
+    original = advised()
+    try:
+        for before in (True, False):
+            switch(before)
+            with numpy_small_pages():
+                assert advised() is False
+            assert advised() is before
+        switch(True)
+        with pytest.raises(RuntimeError), numpy_small_pages():
+            raise RuntimeError("a failed run")
+        assert advised() is True
+    finally:
+        switch(original)
 
 
 @pytest.mark.parametrize("module, cluster", [(runner, False), (cluster_runner, True)], ids=["engine", "cluster"])
