@@ -39,8 +39,9 @@ def best_seconds(fn, calls: int, repeats: int) -> float:
     return best
 
 
-def prefill_shape(q_len: int, ctx_len: int, repeats: int) -> dict:
-    """One sequence's chunk of q_len queries at the end of ctx_len cached tokens, both paths."""
+def prefill_shape(q_len: int, ctx_len: int, repeats: int, batch_pairs: int = 2_000_000) -> dict:
+    """One sequence's chunk of q_len queries at the end of ctx_len cached tokens, both paths; a timed batch
+    is as many calls as take about batch_pairs (query, key) pairs."""
     import torch
     import torch.nn.functional as F
 
@@ -70,7 +71,7 @@ def prefill_shape(q_len: int, ctx_len: int, repeats: int) -> dict:
         )[0].transpose(0, 1)
 
     err = (flash() - gather_sdpa()).abs().max().item()
-    calls = max(1, 2_000_000 // (q_len * ctx_len))
+    calls = max(1, batch_pairs // (q_len * ctx_len))
     times = {"flash": [], "gather_sdpa": []}
     for r in range(repeats):  # alternate, so drift in the machine's speed hits both alike
         for name, fn in (("flash", flash), ("gather_sdpa", gather_sdpa))[:: 1 if r % 2 == 0 else -1]:
@@ -135,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="prefill: alternations per shape")
+    p.add_argument(
+        "--batch-pairs",
+        type=int,
+        default=2_000_000,
+        help="prefill: calls per timed batch cover ~this many (q, k) pairs",
+    )
     p.add_argument("--rounds", type=int, default=3, help="linear: processes per mode")
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128, 256])
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.cpu as cpu_kernels
 
     cpu_kernels.load()
-    prefill = [prefill_shape(q_len, ctx_len, a.repeats) for q_len, ctx_len in shapes]
+    prefill = [prefill_shape(q_len, ctx_len, a.repeats, a.batch_pairs) for q_len, ctx_len in shapes]
     linear = linear_modes(a.rows, a.layers, a.rounds, a.threads)
     env["load_after"] = load_average()
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_cpu_kernels_bench_writes_both_ab(tmp_path, keep_torch_threads):
-    args = ["--threads", "1", "--repeats", "2", "--rounds", "2"]
+    args = ["--threads", "1", "--repeats", "2", "--rounds", "2", "--batch-pairs", "100000"]  # 1/20 of the calls
     args += ["--layers", "2", "--rows", "1", "4", "--prefill", "40/40", "16/70", "--out", str(tmp_path)]
     assert main(args) == 0
     result = json.loads((tmp_path / "cpu_kernels.json").read_text())
