@@ -38,6 +38,7 @@ def overrides(args, requests: int) -> list[str]:
         f"scheduler.max_num_seqs={args.max_num_seqs}",
         f"scheduler.max_num_batched_tokens={args.budget}",
         f"executor.skip_steps={str(args.skip_steps).lower()}",
+        f"metrics.kv_access_log={str(args.kv_access_log).lower()}",
     ]
 
 
@@ -70,6 +71,12 @@ def main(argv=None) -> None:
         type=lambda v: v.lower() in ("1", "true", "yes"),
         default=True,
         help="executor.skip_steps (true: decode steps between events in one go; false: one by one)",
+    )
+    p.add_argument(
+        "--kv-access-log",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        default=True,
+        help="metrics.kv_access_log (true, the default run's: kv_accesses.parquet is recorded and written)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "results" / "sim_speed")
     args = p.parse_args(argv)
@@ -115,7 +122,8 @@ def main(argv=None) -> None:
         args.out / "sim_speed.md",
         f"# Simulator speed\n\n{table}\n\nWorkload: {args.requests} Azure conversation requests ({args.trace_path}), "
         f"open loop at trace speed, {args.model} on the {args.device} roofline model, max_num_seqs "
-        f"{args.max_num_seqs}, budget {args.budget}, executor.skip_steps={str(args.skip_steps).lower()}. "
+        f"{args.max_num_seqs}, budget {args.budget}, executor.skip_steps={str(args.skip_steps).lower()}, "
+        f"metrics.kv_access_log={str(args.kv_access_log).lower()}. "
         f"Machine: {result['environment']['cpu']}, "
         f"{result['environment']['cpu_count']} cores, load {result['environment']['load_average']}, "
         f"{result['environment']['date']}, git {result['environment']['git']}.\n\n"
