@@ -44,8 +44,12 @@ OUR_KEYS = [
 
 
 def test_open_loop_replay_writes_results(tmp_path):
+    """run.py's entry point in this process (the files are what is checked; test_ctrl_c_keeps_measurements
+    and test_console_script read a run.py process's files)."""
     run_dir = tmp_path / "exp" / "run1"
-    run_cli(*SYNTH, "replay=open_loop", "trace.rate=20", f"hydra.run.dir={run_dir}")
+    log = tmp_path / "run.log"
+    args = (*SYNTH, "replay=open_loop", "trace.rate=20", "progress=false", f"hydra.run.dir={run_dir}")
+    assert run_here(*args, log=log) == 0, log.read_text()[-3000:]
     summary, requests, steps = read_run(run_dir)
     for key in VLLM_KEYS + OUR_KEYS:
         assert key in summary, key
