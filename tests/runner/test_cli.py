@@ -1,4 +1,5 @@
-"""run.py end to end (subprocesses, model=tiny): results files, sweep row, bad input, Ctrl-C, default run."""
+"""run.py end to end (model=tiny): results files, sweep row, bad input, Ctrl-C, default run. Bad input and
+Ctrl-C run it as a process (exit codes, stderr, signals); the others run its entry point in this process."""
 
 import json
 import os
