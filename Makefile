@@ -17,8 +17,11 @@ install: .install.stamp
 run: install
 	$(PY) run.py
 
+# the default run on TEST_WORKERS processes (pytest-xdist), each test file whole in one of them (module-scoped
+# servers and engines are built once); `make test TEST_WORKERS=0` runs it in this process
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

@@ -11,6 +11,11 @@ os.environ.setdefault("TESTBED_KERNEL", "torch")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.manual_seed(0)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: more intra-op threads (here or in the processes tests start)
+    # would only spin against the other worker's
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 SHARED_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces")
 

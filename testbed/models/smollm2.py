@@ -31,26 +31,42 @@ def gguf_path() -> Path:
 
 
 def ensure_smollm2_folder() -> Path:
-    """The converted HF folder, converting on first use (~30 s on 2 cores)."""
+    """The converted HF folder, converting on first use (~30 s on 2 cores). Processes that start together
+    (test workers, cluster replicas, tensor-parallel ranks) convert once: the others wait on a file lock,
+    and the folder appears whole (converted beside it, then renamed) or not at all."""
     folder = cache_root() / "smollm2-135m"
     if (folder / _DONE_MARKER).exists():
         return folder
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / _DONE_MARKER).exists():
+            _convert(gguf_path(), folder)
+    return folder
+
+
+def _convert(source: Path, folder: Path) -> None:
+    import shutil
+
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_path()
     print(f"[testbed] converting {source.name} to an HF folder at {folder} (once)")
     model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder.with_name(f".{folder.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
     tied = model.config.tie_word_embeddings
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-    save_file(state, str(folder / "model.safetensors"))
+    save_file(state, str(staging / "model.safetensors"))
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["torch_dtype"] = "float32"
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(folder)
-    (folder / _DONE_MARKER).write_text(json.dumps({"source": str(source)}))
-    return folder
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(staging)
+    (staging / _DONE_MARKER).write_text(json.dumps({"source": str(source)}))
+    shutil.rmtree(folder, ignore_errors=True)  # what a killed conversion left (no marker)
+    os.replace(staging, folder)
