@@ -52,6 +52,9 @@ VERDICTS = {
 }
 # a knee verdict only: no real run met the attainment at any load of the grid, so the knee lies below it
 NO_KNEE = "no knee in the load grid"
+# a knee verdict only: some run met the attainment at the grid's highest load, so that knee is only a lower
+# bound and so is its error: not judged (a knee "within 5%" of a bound could be any distance past it)
+PAST_GRID = "a knee at or past the top of the load grid: its error is a bound"
 
 
 def reference_probe(profile: dict) -> float | None:
@@ -176,17 +179,21 @@ def knee_matched(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
     open_runs = runs[runs["mode"] == "open"]
     for trace, group in open_runs.groupby("trace", sort=False):
         real = group[group["side"] == "real"]
-        real_knees = [knee(g["offered_rate"], g["slo_attainment"], attainment)[0] for _, g in real.groupby("repeat")]
+        real_found = [knee(g["offered_rate"], g["slo_attainment"], attainment) for _, g in real.groupby("repeat")]
+        real_knees = [value for value, _ in real_found]
+        real_bound = any(bound for _, bound in real_found)
         mean = float(np.nanmean(real_knees)) if np.isfinite(real_knees).any() else math.nan
         lo, hi = t_interval(real_knees)
         for cost_model, sim in group[group["side"] == "sim"].groupby("cost_model", sort=False):
             matched = group[(group["side"] == MATCHED) & (group["cost_model"] == cost_model)]
             if not len(matched):
                 continue
-            raw = knee(sim["offered_rate"], sim["slo_attainment"], attainment)[0]
-            per_repeat = [
-                knee(g["offered_rate"], g["slo_attainment"], attainment)[0] for _, g in matched.groupby("repeat")
+            raw, raw_bound = knee(sim["offered_rate"], sim["slo_attainment"], attainment)
+            matched_found = [
+                knee(g["offered_rate"], g["slo_attainment"], attainment) for _, g in matched.groupby("repeat")
             ]
+            per_repeat = [value for value, _ in matched_found]
+            bound = real_bound or raw_bound or any(b for _, b in matched_found)
             value = float(np.nanmean(per_repeat)) if np.isfinite(per_repeat).any() else math.nan
             half = (hi - lo) / 2 / mean if mean else math.nan
             spread = bool(math.isfinite(half) and half > KNEE_TARGET)
@@ -209,9 +216,12 @@ def knee_matched(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
                     "matched_inside": inside,
                     "target": KNEE_TARGET,
                     "spread_exceeds_target": spread,
-                    "verdict": verdict(raw_err, matched_err, KNEE_TARGET, spread, inside)
-                    if math.isfinite(mean)
-                    else NO_KNEE,
+                    "knee_is_lower_bound": bound,
+                    "verdict": NO_KNEE
+                    if not math.isfinite(mean)
+                    else PAST_GRID
+                    if bound
+                    else verdict(raw_err, matched_err, KNEE_TARGET, spread, inside),
                 }
             )
     return pd.DataFrame(rows)

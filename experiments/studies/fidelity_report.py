@@ -141,7 +141,10 @@ def knees(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
                     "sim_knee_is_lower_bound": lower_bound,
                     "rel_error": err,
                     "inside_real_ci": bool(lo <= value <= hi) if math.isfinite(lo) else False,
-                    "meets_target": bool(abs(err) <= KNEE_TARGET) if math.isfinite(err) else False,
+                    # a knee at the grid's top is a lower bound: its error too, so it cannot be said to meet
+                    "meets_target": bool(abs(err) <= KNEE_TARGET and not (lower_bound or real_bound))
+                    if math.isfinite(err)
+                    else False,
                 }
             )
     return pd.DataFrame(rows)
