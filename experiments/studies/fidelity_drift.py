@@ -172,6 +172,15 @@ def drift_matched(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def knee_verdict(real_mean: float, bound: bool, raw: float, matched: float, spread: bool, inside: bool) -> str:
+    """A knee's verdict: none found in the grid, one only bounded by the grid's top, else as a figure's."""
+    if not math.isfinite(real_mean):
+        return NO_KNEE
+    if bound:
+        return PAST_GRID
+    return verdict(raw, matched, KNEE_TARGET, spread, inside) or ""
+
+
 def knee_matched(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
     """Per trace and cost model: the real knee (per repeat, mean, interval), the raw simulated knee and the
     drift-matched one (per repeat from the open cells' matched simulations of that repeat, then the mean)."""
@@ -217,11 +226,7 @@ def knee_matched(runs: pd.DataFrame, attainment: float = 0.9) -> pd.DataFrame:
                     "target": KNEE_TARGET,
                     "spread_exceeds_target": spread,
                     "knee_is_lower_bound": bound,
-                    "verdict": NO_KNEE
-                    if not math.isfinite(mean)
-                    else PAST_GRID
-                    if bound
-                    else verdict(raw_err, matched_err, KNEE_TARGET, spread, inside),
+                    "verdict": knee_verdict(mean, bound, raw_err, matched_err, spread, inside),
                 }
             )
     return pd.DataFrame(rows)
