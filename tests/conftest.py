@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -51,3 +52,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def researcher_folder(tmp_path, monkeypatch):
+    """tmp_path on sys.path, as a researcher's own folder of plugins. Several tests write a package of the
+    same name (mylab) with different contents, so what this one imported from it is forgotten after it: the
+    next test, in the same worker process, imports its own."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    tops = {p.stem for p in tmp_path.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    for name in [m for m in sys.modules if m.split(".")[0] in tops]:
+        del sys.modules[name]

@@ -176,7 +176,10 @@ def read_sweep(path: str | Path, include_incomplete: bool = False) -> pd.DataFra
     """A sweep table, from its CSV or the folder holding it. Runs that were interrupted (signal, Ctrl-C) or
     failed are left out unless include_incomplete: their figures cover only part of the workload."""
     path = Path(path)
-    table = pd.read_csv(path / SWEEP_TABLE if path.is_dir() else path)
+    path = path / SWEEP_TABLE if path.is_dir() else path
+    if path.stat().st_size == 0:  # created by append_sweep_row's open; its writer died before the first row
+        return pd.DataFrame()
+    table = pd.read_csv(path)
     if include_incomplete:
         return table
     partial = pd.Series(False, index=table.index)

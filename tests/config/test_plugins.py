@@ -94,7 +94,8 @@ WORKLOAD = [
 ]
 
 
-def test_a_policy_from_the_users_own_folder_runs_and_decides(tmp_path, monkeypatch):
+def test_a_policy_from_the_users_own_folder_runs_and_decides(researcher_folder):
+    tmp_path = researcher_folder
     write_package(tmp_path, policies=POLICY)
     out = tmp_path / "run"
     proc = run(
@@ -113,27 +114,15 @@ def test_a_policy_from_the_users_own_folder_runs_and_decides(tmp_path, monkeypat
 
     # its options refused as a built-in's, by build_engine (what run.py calls after the run above), in this
     # process: two more run.py start-ups would check nothing more
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in mylab_modules():  # another test's, restored after this one
-        monkeypatch.delitem(sys.modules, name)
     policy = [*WORKLOAD, "scheduler.name=mylab.policies:DeadlineFirst"]
-    try:
-        with pytest.raises(TypeError, match="slak_s"):
-            build_engine(cfg(*policy, "+scheduler.options.slak_s=1"))
-        with pytest.raises(ValueError, match="slack_s must be > 0"):
-            build_engine(cfg(*policy, "+scheduler.options.slack_s=-1"))
-    finally:
-        for name in mylab_modules():  # this one's: the next test imports its own mylab
-            del sys.modules[name]
+    with pytest.raises(TypeError, match="slak_s"):
+        build_engine(cfg(*policy, "+scheduler.options.slak_s=1"))
+    with pytest.raises(ValueError, match="slack_s must be > 0"):
+        build_engine(cfg(*policy, "+scheduler.options.slack_s=-1"))
 
 
-def mylab_modules() -> list[str]:
-    return [m for m in sys.modules if m.split(".")[0] == "mylab"]
-
-
-def test_routers_allocators_and_eviction_take_import_paths(tmp_path, monkeypatch):
-    write_package(tmp_path, parts=PARTS)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_routers_allocators_and_eviction_take_import_paths(researcher_folder):
+    write_package(researcher_folder, parts=PARTS)
     router = get_router("mylab.parts:EveryOther", seed=1, stride=3)
     assert type(router).__name__ == "EveryOther" and router.stride == 3
     with pytest.raises(ValueError, match="takes no options"):
@@ -149,12 +138,9 @@ def test_routers_allocators_and_eviction_take_import_paths(tmp_path, monkeypatch
         get_policy("nolab.x:Y")
 
 
-def test_hydras_target_spelling_of_an_import_path(tmp_path, monkeypatch):
+def test_hydras_target_spelling_of_an_import_path(researcher_folder):
     """`mylab.parts.EveryOther` (as Hydra's `_target_` writes it) is the same class as `mylab.parts:EveryOther`."""
-    write_package(tmp_path, parts=PARTS, broken="import not_installed_anywhere\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [m for m in sys.modules if m.split(".")[0] == "mylab"]:  # another test's mylab
-        monkeypatch.delitem(sys.modules, name)
+    write_package(researcher_folder, parts=PARTS, broken="import not_installed_anywhere\n")
     router = get_router("mylab.parts.EveryOther", seed=1, stride=3)
     assert type(router).__name__ == "EveryOther" and router.stride == 3
     kv = get_allocator("mylab.parts.MyPaged", 8, 16, eviction="mylab.parts.MRUQueue", max_model_len=128)

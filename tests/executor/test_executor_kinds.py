@@ -4,7 +4,6 @@ into testbed/sim."""
 
 import ast
 import json
-import sys
 import textwrap
 from pathlib import Path
 
@@ -49,16 +48,12 @@ class FixedBlocks(HostKind):
 
 
 @pytest.fixture
-def mylab(tmp_path, monkeypatch):
-    """A researcher's package outside the repo; other tests make their own `mylab` (a policy, a cost
-    model), so whichever of them was imported first is dropped from sys.modules for this one."""
-    (tmp_path / "mylab").mkdir()
-    (tmp_path / "mylab" / "__init__.py").write_text("")
-    (tmp_path / "mylab" / "kinds.py").write_text(textwrap.dedent(KIND))
-    for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+def mylab(researcher_folder):
+    """A researcher's package outside the repo."""
+    (researcher_folder / "mylab").mkdir()
+    (researcher_folder / "mylab" / "__init__.py").write_text("")
+    (researcher_folder / "mylab" / "kinds.py").write_text(textwrap.dedent(KIND))
+    return researcher_folder
 
 
 def test_a_users_kind_sizes_the_kv_cache_builds_and_summarises(mylab):

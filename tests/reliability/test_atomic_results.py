@@ -47,6 +47,8 @@ def _check_sweep(table, finished_runs: dict[int, int] | None = None) -> dict[int
     if not table.exists():
         return {}
     df = read_sweep(table, include_incomplete=True)
+    if df.empty:  # a writer killed between creating the table and writing its first row
+        df = pd.DataFrame({"run": [], "version": [], "payload": []})
     assert df["payload"].eq("x" * 200).all(), "a torn row"
     counts = {}
     for run, group in df.groupby("run"):

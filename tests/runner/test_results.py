@@ -37,3 +37,11 @@ def test_sweep_row_keeps_scalars():
         {"completed": 3, "slo": {"ttft_ms": 1}, "percentiles": [50], "error": None, "x": float("nan")}, {"run_dir": "0"}
     )
     assert row == {"run_dir": "0", "completed": 3, "error": None, "x": row["x"]}
+
+
+def test_a_table_whose_writer_died_before_its_first_row_reads_empty_and_takes_rows(tmp_path):
+    table = tmp_path / "sweep.csv"
+    table.touch()  # what append_sweep_row's open leaves when its process is killed right after
+    assert read_sweep(table, include_incomplete=True).empty and read_sweep(tmp_path).empty
+    append_sweep_row(table, {"run_dir": "a", "x": 1})
+    assert read_sweep(table).to_dict("records") == [{"run_dir": "a", "x": 1}]

@@ -50,9 +50,8 @@ WORKLOAD = [
 
 
 @pytest.fixture
-def mymod(tmp_path, monkeypatch):
-    (tmp_path / "mymod.py").write_text(textwrap.dedent(MODULE))
-    monkeypatch.syspath_prepend(str(tmp_path))
+def mymod(researcher_folder):
+    (researcher_folder / "mymod.py").write_text(textwrap.dedent(MODULE))
 
 
 def cfg(*overrides):

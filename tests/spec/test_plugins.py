@@ -33,9 +33,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
 @pytest.fixture
-def mydrafts(tmp_path, monkeypatch):
-    (tmp_path / "mydrafts.py").write_text(textwrap.dedent(MODULE))
-    monkeypatch.syspath_prepend(str(tmp_path))
+def mydrafts(researcher_folder):
+    (researcher_folder / "mydrafts.py").write_text(textwrap.dedent(MODULE))
     import mydrafts
 
     return mydrafts
