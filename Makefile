@@ -29,15 +29,15 @@ test-slow: install
 bench: install
 	$(PY) -m pytest -q benchmarks/micro --benchmark-only -p no:cacheprovider -o addopts=""
 
-# ruff (lint + format check), clang-format over kernels/cpu, mypy over testbed/ and experiments/
+# ruff (lint + format check), clang-format over testbed_kernels/cpu, mypy over testbed/ and experiments/
 # (pyproject.toml); `make format` rewrites in place
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	clang-format --dry-run --Werror kernels/cpu/*.cpp
+	clang-format --dry-run --Werror testbed_kernels/cpu/*.cpp
 	$(PY) -m mypy
 
 format: install
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
-	clang-format -i kernels/cpu/*.cpp
+	clang-format -i testbed_kernels/cpu/*.cpp

@@ -1,6 +1,6 @@
 """A/B of two kernel=cpu kernels against the alternatives, on SmolLM2-135M's shapes, fp32, same run.
 
-prefill attention: kernels/cpu/paged_prefill.cpp (one call over the paged cache) vs the path it replaced
+prefill attention: testbed_kernels/cpu/paged_prefill.cpp (one call over the paged cache) vs the path it replaced
     (gather the sequence's K/V from its blocks, then torch's scaled_dot_product_attention, causal, or with an
     explicit mask for a chunk after a cached prefix). Both in this process, alternating, best of the repeats.
 linear layers with few rows: linear.cpp's kernel on packed weights (next panel prefetched into L2) vs the
@@ -45,8 +45,8 @@ def prefill_shape(q_len: int, ctx_len: int, repeats: int, batch_pairs: int = 2_0
     import torch
     import torch.nn.functional as F
 
-    import kernels.cpu as cpu_kernels
-    from kernels.reference import gather_kv_ref
+    import testbed_kernels.cpu as cpu_kernels
+    from testbed_kernels.reference import gather_kv_ref
 
     num_blocks = -(-ctx_len // BLOCK)
     k_cache = torch.randn(num_blocks + 4, BLOCK, KV_HEADS, HEAD_DIM)
@@ -98,7 +98,7 @@ def linear_child(mode: str, rows_list: list[int], layers: int, repeats: int) -> 
     the environment when the extension loads)."""
     import torch
 
-    import kernels.cpu as cpu_kernels
+    import testbed_kernels.cpu as cpu_kernels
 
     cpu_kernels.load()
     weights = [torch.randn(n, k) for _ in range(layers) for n, k in LINEARS]
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {**environment(), "load_before": load_average(), "threads": a.threads}
     shapes = [tuple(int(v) for v in s.split("/")) for s in a.prefill]
-    import kernels.cpu as cpu_kernels
+    import testbed_kernels.cpu as cpu_kernels
 
     cpu_kernels.load()
     prefill = [prefill_shape(q_len, ctx_len, a.repeats, a.batch_pairs) for q_len, ctx_len in shapes]

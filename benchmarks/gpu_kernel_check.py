@@ -63,8 +63,8 @@ def contiguous_kv(cache, tables, ctx):
 
 
 def check_decode(model, cfg, env):
-    from kernels.reference import paged_attention_ref
-    from kernels.triton_paged_decode import choose_num_splits, paged_decode
+    from testbed_kernels.reference import paged_attention_ref
+    from testbed_kernels.triton_paged_decode import choose_num_splits, paged_decode
 
     _, h, kvh, hd, _, _ = model
     seqs, ctx, bs = cfg
@@ -97,8 +97,8 @@ def check_decode(model, cfg, env):
 
 
 def check_prefill(model, cfg, env):
-    from kernels.reference import paged_attention_ref
-    from kernels.triton_paged_prefill import paged_prefill
+    from testbed_kernels.reference import paged_attention_ref
+    from testbed_kernels.triton_paged_prefill import paged_prefill
 
     _, h, kvh, hd, _, _ = model
     seqs, qlen, prefix, bs = cfg
@@ -132,11 +132,11 @@ def check_prefill(model, cfg, env):
 
 
 def check_layer_ops(model, tokens, env):
-    from kernels import reference as R
-    from kernels.triton_kv_write import write_kv
-    from kernels.triton_rms_norm import rms_norm
-    from kernels.triton_rotary import rotary
-    from kernels.triton_silu_mul import silu_and_mul
+    from testbed_kernels import reference as R
+    from testbed_kernels.triton_kv_write import write_kv
+    from testbed_kernels.triton_rms_norm import rms_norm
+    from testbed_kernels.triton_rotary import rotary
+    from testbed_kernels.triton_silu_mul import silu_and_mul
 
     name, h, kvh, hd, hidden, inter = model
     dev, dt, T = env["dev"], env["dt"], env["timer"]

@@ -3,7 +3,7 @@
     python -m benchmarks.kernel_ab --baseline HEAD~1      # -> results/kernels/kernel_ab.{md,json}
 
 The baseline's sources are checked out (`git worktree`) into a temporary folder and built there by its own
-kernels.cpu.load, as any checkout is (the first run compiles, ~1 min). Each round starts one process per side,
+testbed_kernels.cpu.load, as any checkout is (the first run compiles, ~1 min). Each round starts one process per side,
 the order reversed every other round, so drift in a shared machine's speed hits both alike; each process times
 the cases on identical inputs (fixed seeds) and hashes its outputs, so the table also says whether the two
 builds agree bit for bit. Cases, SmolLM2-135M's attention shapes, fp32:
@@ -47,11 +47,15 @@ def paged_caches(lens: list[int], layers: int, gen):
 
 
 def child(tree: Path, repeats: int, layers: int) -> dict:
-    """Times the cases with the kernels of `tree` (its kernels.cpu, built or loaded from its cache)."""
+    """Times the cases with the kernels of `tree` (its testbed_kernels.cpu, built or loaded from its cache)."""
     sys.path.insert(0, str(tree))
+    import importlib
+
     import torch
 
-    import kernels.cpu as cpu_kernels
+    # trees before the package's rename (a top-level `kernels` shadowed Hugging Face's package of that name)
+    package = "testbed_kernels" if (tree / "testbed_kernels").is_dir() else "kernels"
+    cpu_kernels = importlib.import_module(f"{package}.cpu")
 
     assert Path(cpu_kernels.__file__).resolve().is_relative_to(tree.resolve()), cpu_kernels.__file__
     cpu_kernels.load()

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    import kernels.cpu as cpu_kernels
+    import testbed_kernels.cpu as cpu_kernels
     from testbed.executor.host_memory import zeros_on_huge_pages
 
     cpu_kernels.load()

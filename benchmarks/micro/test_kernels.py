@@ -8,7 +8,7 @@ references always run, at realistic shapes on CUDA and scaled-down shapes on CPU
 import pytest
 import torch
 
-from kernels import reference
+from testbed_kernels import reference
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -50,11 +50,11 @@ def test_decode(benchmark, impl):
     q = torch.randn(seqs, HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
     scale = HEAD_DIM**-0.5
     if impl == "triton":
-        from kernels.triton_paged_decode import paged_decode
+        from testbed_kernels.triton_paged_decode import paged_decode
 
         fn = lambda: paged_decode(q, k_cache, v_cache, seq_lens, tables, scale, max_seq_len=ctx)
     elif impl == "cpu":
-        from kernels.cpu import paged_decode
+        from testbed_kernels.cpu import paged_decode
 
         fn = lambda: paged_decode(q, k_cache, v_cache, seq_lens, tables, scale)
     else:
@@ -78,7 +78,7 @@ def test_prefill(benchmark, impl):
     qsl = torch.arange(0, seqs * length + 1, length, dtype=torch.int32, device=DEV)
     args = (q, k_cache, v_cache, qsl, seq_lens, tables, HEAD_DIM**-0.5)
     if impl == "triton":
-        from kernels.triton_paged_prefill import paged_prefill
+        from testbed_kernels.triton_paged_prefill import paged_prefill
 
         timed(benchmark, lambda: paged_prefill(*args, max_query_len=length))
     elif impl == "cpu":
@@ -99,7 +99,7 @@ def test_write_kv(benchmark, impl):
     key, value = (torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE) for _ in range(2))
     slots = torch.randperm(2 * tokens, device=DEV)[:tokens]
     if impl == "triton":
-        from kernels.triton_kv_write import write_kv as fn
+        from testbed_kernels.triton_kv_write import write_kv as fn
     elif impl == "cpu":
         pytest.skip("kernel=cpu writes the cache with the reference's index_copy_")
     else:
@@ -114,9 +114,9 @@ def test_rms_norm(benchmark, impl, residual):
     x, r = (torch.randn(tokens, hidden, device=DEV, dtype=DTYPE) for _ in range(2))
     w = torch.randn(hidden, device=DEV, dtype=DTYPE)
     if impl == "triton":
-        from kernels.triton_rms_norm import rms_norm as fn
+        from testbed_kernels.triton_rms_norm import rms_norm as fn
     elif impl == "cpu":
-        from kernels.cpu import rms_norm as fn
+        from testbed_kernels.cpu import rms_norm as fn
     else:
         fn = reference.rms_norm_ref
     timed(benchmark, lambda: fn(x, w, 1e-6, r if residual else None))
@@ -126,7 +126,7 @@ def test_rms_norm(benchmark, impl, residual):
 def test_silu_and_mul(benchmark, impl):
     x = torch.randn(SHAPE[4], 2 * SHAPE[6], device=DEV, dtype=DTYPE)
     if impl == "triton":
-        from kernels.triton_silu_mul import silu_and_mul as fn
+        from testbed_kernels.triton_silu_mul import silu_and_mul as fn
     elif impl == "cpu":
         pytest.skip("kernel=cpu uses the reference SiLU-mul")
     else:
@@ -142,11 +142,11 @@ def test_rotary(benchmark, impl):
     cache = torch.randn(8192, HEAD_DIM, device=DEV)
     positions = torch.randint(0, 8192, (tokens,), device=DEV)
     if impl == "triton":
-        from kernels.triton_rotary import rotary
+        from testbed_kernels.triton_rotary import rotary
 
         fn = lambda: rotary(positions, q, k, cache, inplace=True)
     elif impl == "cpu":
-        from kernels.cpu import rotary
+        from testbed_kernels.cpu import rotary
 
         fn = lambda: rotary(positions, q, k, cache)
     else:

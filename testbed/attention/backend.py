@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import reference
+from testbed_kernels import reference
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def resolve_kernel(name: str, device) -> str:
     if torch.device(device).type == "cuda":
         return "triton" if importlib.util.find_spec("triton") is not None else "torch"
     try:
-        from kernels.cpu import load
+        from testbed_kernels.cpu import load
 
         load()  # compiles once (~20 s), then cached
         return "cpu"

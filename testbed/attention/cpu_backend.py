@@ -4,9 +4,9 @@ Decode rows go to a C++ paged-decode kernel that reads K/V straight through the 
 reference gathers every sequence's blocks into a padded copy first, which dominated decode time); in a
 pure decode step the KV write and the attention are one call. Prefill chunks (a fresh prompt, or a chunk
 after a cached prefix) go to a C++ flash-attention kernel over the same block table, all of a step's chunks
-in one call (kernels/cpu/paged_prefill.cpp). Linear layers with few rows (decode steps, the LM head) use a
+in one call (testbed_kernels/cpu/paged_prefill.cpp). Linear layers with few rows (decode steps, the LM head) use a
 C++ kernel over a packed copy of the weights, made when the weights are loaded, that streams them once
-(kernels/cpu/linear.cpp); larger ones torch's GEMM. The packed copies double the float32 weights' memory;
+(testbed_kernels/cpu/linear.cpp); larger ones torch's GEMM. The packed copies double the float32 weights' memory;
 TESTBED_CPU_PACKED_WEIGHTS=0 in the environment keeps none (then every linear layer is torch's GEMM).
 RMSNorm (+residual), rotary and SiLU-and-mul are fused C++ loops (one pass over memory where the reference
 makes several). The KV cache may be in a narrower float dtype than the model (kv_cache_dtype): rows are
@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-import kernels.cpu as cpu_kernels
+import testbed_kernels.cpu as cpu_kernels
 from testbed.attention.backend import AttentionMetadata, KernelBackend
 
 
@@ -104,7 +104,7 @@ class CpuBackend(KernelBackend):
 
     def decode_layers(self, layers, positions, hidden, kv_caches, meta: AttentionMetadata, cos_sin):
         """Pure decode steps: every layer in one C++ call, the same kernels in the same order as the layers'
-        own forward (kernels/cpu/decode_layers.cpp), without a Python round trip per op."""
+        own forward (testbed_kernels/cpu/decode_layers.cpp), without a Python round trip per op."""
         if not (meta.is_decode_only and hidden.shape[0] == meta.num_seqs and len(layers)):
             return None
         attn = layers[0].self_attn

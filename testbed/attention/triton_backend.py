@@ -1,17 +1,17 @@
-"""Triton backend (`kernel=triton`): the kernels in kernels/triton_*.py behind the KernelBackend interface.
+"""Triton backend (`kernel=triton`): the kernels in testbed_kernels/triton_*.py behind the KernelBackend interface.
 
 On CPU the kernels only run under TRITON_INTERPRET=1 (slow; for tests).
 """
 
 import torch
 
-from kernels.triton_kv_write import write_kv
-from kernels.triton_paged_decode import paged_decode
-from kernels.triton_paged_prefill import paged_prefill
-from kernels.triton_rms_norm import rms_norm
-from kernels.triton_rotary import rotary
-from kernels.triton_silu_mul import silu_and_mul
 from testbed.attention.backend import AttentionMetadata, KernelBackend
+from testbed_kernels.triton_kv_write import write_kv
+from testbed_kernels.triton_paged_decode import paged_decode
+from testbed_kernels.triton_paged_prefill import paged_prefill
+from testbed_kernels.triton_rms_norm import rms_norm
+from testbed_kernels.triton_rotary import rotary
+from testbed_kernels.triton_silu_mul import silu_and_mul
 
 
 class TritonBackend(KernelBackend):

@@ -41,7 +41,8 @@ def test_unknown_baseline_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_ab_against_head_writes_the_table(tmp_path):
-    dirty = subprocess.run(["git", "status", "--porcelain", "kernels/cpu"], cwd=ROOT, capture_output=True, text=True)
+    git_status = ["git", "status", "--porcelain", "testbed_kernels/cpu"]
+    dirty = subprocess.run(git_status, cwd=ROOT, capture_output=True, text=True)
     cmd = [sys.executable, "-m", "benchmarks.kernel_ab", "--baseline", "HEAD", "--rounds", "1", "--repeats", "1"]
     cmd += ["--layers", "2", "--threads", "1", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)

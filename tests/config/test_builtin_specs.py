@@ -69,7 +69,7 @@ def test_a_non_editable_install_runs_builtin_names_outside_the_checkout(tmp_path
     """pip install . (no -e) into a fresh target folder; the library, run from elsewhere, finds its sheets."""
     source, target = tmp_path / "src", tmp_path / "site"
     source.mkdir()  # a copy of the sources: setuptools leaves a build/ folder in the tree it builds
-    for name in ("pyproject.toml", "run.py", "serve.py", "testbed", "kernels", "experiments", "benchmarks"):
+    for name in ("pyproject.toml", "run.py", "serve.py", "testbed", "testbed_kernels", "experiments", "benchmarks"):
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
         copy(ROOT / name, source / name)
     subprocess.run(

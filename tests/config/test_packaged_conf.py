@@ -14,7 +14,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "experiments" / "conf"
-SOURCES = ["testbed", "experiments", "benchmarks", "kernels", "hydra_plugins", "run.py", "serve.py"]
+SOURCES = ["testbed", "experiments", "benchmarks", "testbed_kernels", "hydra_plugins", "run.py", "serve.py"]
 
 
 def _modules():

@@ -139,8 +139,8 @@ def test_padded_graph_path_matches_eager(kernel):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # interpreter, empty rows
 def test_decode_kernel_with_loose_bound_and_forced_splits(paged_kv_small):
     """What a graph launch does: max_seq_len is a loose bound (max_model_len), splits fixed by batch size."""
-    from kernels.reference import paged_attention_ref
-    from kernels.triton_paged_decode import paged_decode
+    from testbed_kernels.reference import paged_attention_ref
+    from testbed_kernels.triton_paged_decode import paged_decode
 
     k_cache, v_cache, tables, seq_lens = paged_kv_small([0, 1, 17, 70, 130], 16, 2, 32)
     gen = torch.Generator().manual_seed(3)

@@ -6,7 +6,7 @@ import shutil
 import torch
 
 if not torch.cuda.is_available():
-    # must be set before any triton.jit decoration, i.e. before kernels/triton_* are imported
+    # must be set before any triton.jit decoration, i.e. before testbed_kernels/triton_* are imported
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
@@ -70,10 +70,10 @@ def paged_kv():
 
 @pytest.fixture(scope="session")
 def cpu_kernels():
-    """kernels.cpu, built (or loaded from its cache); tests that take it skip where no C++ compiler is."""
+    """testbed_kernels.cpu, built (or loaded from its cache); tests that take it skip where no C++ compiler is."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("kernel=cpu builds its kernels with a C++ compiler")
-    import kernels.cpu
+    import testbed_kernels.cpu
 
-    kernels.cpu.load()
-    return kernels.cpu
+    testbed_kernels.cpu.load()
+    return testbed_kernels.cpu

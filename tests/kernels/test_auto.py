@@ -29,12 +29,12 @@ def test_auto_on_a_cpu_with_a_compiler_is_the_cpp_kernels():
 
 
 def test_auto_falls_back_to_torch_when_the_cpp_kernels_do_not_build(monkeypatch, caplog):
-    import kernels.cpu
+    import testbed_kernels.cpu
 
     def broken():
         raise RuntimeError("kernel=cpu needs a C++ compiler")
 
-    monkeypatch.setattr(kernels.cpu, "load", broken)
+    monkeypatch.setattr(testbed_kernels.cpu, "load", broken)
     assert resolve_kernel("auto", torch.device("cpu")) == "torch"
     assert "unavailable" in caplog.text
 

@@ -34,7 +34,7 @@ for n, k in [(960, 576), (577, 573), (5, 16), (33, 7)]:
         for i in range(m):
             assert torch.equal(torch.ops.testbed_cpu.linear_packed(x[i : i + 1], packed, n, b)[0], y[i]), (n, k, m, i)
 sys.path.insert(0, sys.argv[2])
-from kernels.reference import paged_attention_ref
+from testbed_kernels.reference import paged_attention_ref
 for group, block in [(3, 16), (4, 5), (1, 8)]:
     lens = [1, 17, 64, 150]
     per_seq = max(lens) // block + 1
@@ -67,7 +67,7 @@ def test_kernels_without_avx512_match_torch():
     if not cpuinfo.exists() or "avx512f" not in cpuinfo.read_text():
         pytest.skip("no AVX-512 here: the default build already is the 8-float one")
     out = subprocess.run(
-        [sys.executable, "-c", _CHECK, str(ROOT / "kernels" / "cpu"), str(ROOT)],
+        [sys.executable, "-c", _CHECK, str(ROOT / "testbed_kernels" / "cpu"), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=900,

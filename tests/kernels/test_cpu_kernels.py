@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.reference import paged_attention_ref
 from testbed.attention.backend import AttentionMetadata, KernelBackend
+from testbed_kernels.reference import paged_attention_ref
 
 
 def cpu_paged_kv(paged_kv, *args, **kw):
@@ -67,7 +67,7 @@ def test_paged_decode_narrow_kv_cache(cpu_kernels, paged_kv, assert_close, cache
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 def test_write_kv_matches_reference(cpu_kernels, cache_dtype):
     """Strided k/v (views of a fused projection) into their slots, padding (-1) slots untouched."""
-    from kernels.reference import write_kv_ref
+    from testbed_kernels.reference import write_kv_ref
 
     shape = (6, 4, 2, 64)
     k_cache, v_cache = torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)
@@ -164,7 +164,7 @@ def test_cpu_backend_decode_only_step(cpu_kernels, paged_kv, assert_close):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_layer_ops_match_reference(cpu_kernels, assert_close, dtype):
-    from kernels import reference
+    from testbed_kernels import reference
 
     gen = torch.Generator().manual_seed(7)
     x, res = torch.randn(37, 576, generator=gen).to(dtype), torch.randn(37, 576, generator=gen).to(dtype)
@@ -191,7 +191,7 @@ def test_layer_ops_match_reference(cpu_kernels, assert_close, dtype):
 def test_silu_and_mul_matches_reference(cpu_kernels, assert_close, dtype):
     """Fresh random rows; widths that end in the 16-lane (AVX-512), the 8-lane and the scalar loop (29 = 16 + 8 +
     5); values far enough out to reach exp's clamps."""
-    from kernels import reference
+    from testbed_kernels import reference
 
     gen = torch.Generator().manual_seed(11)
     for shape in [(37, 2 * 1536), (5, 2 * 13), (4, 2 * 29), (2, 3, 2 * 64)]:
@@ -202,13 +202,13 @@ def test_silu_and_mul_matches_reference(cpu_kernels, assert_close, dtype):
 
 def test_build_name_follows_the_sources(tmp_path, monkeypatch):
     """Checkouts with different kernel sources get different builds; the same sources, the same build."""
-    import kernels.cpu
+    import testbed_kernels.cpu
 
     (tmp_path / "a.cpp").write_text("int f() { return 1; }\n")
     (tmp_path / "ops.h").write_text("int f();\n")
-    monkeypatch.setattr(kernels.cpu, "__file__", str(tmp_path / "__init__.py"))
-    first = kernels.cpu._build_tag()
+    monkeypatch.setattr(testbed_kernels.cpu, "__file__", str(tmp_path / "__init__.py"))
+    first = testbed_kernels.cpu._build_tag()
     (tmp_path / "ops.h").write_text("int f(); int g();\n")
-    assert kernels.cpu._build_tag() != first
+    assert testbed_kernels.cpu._build_tag() != first
     (tmp_path / "ops.h").write_text("int f();\n")
-    assert kernels.cpu._build_tag() == first
+    assert testbed_kernels.cpu._build_tag() == first

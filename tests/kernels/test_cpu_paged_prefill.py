@@ -1,10 +1,10 @@
-"""kernel=cpu: the C++ flash-attention prefill (kernels/cpu/paged_prefill.cpp) vs reference.paged_attention_ref,
+"""kernel=cpu: the C++ flash-attention prefill (testbed_kernels/cpu/paged_prefill.cpp) vs reference.paged_attention_ref,
 on fresh random inputs."""
 
 import pytest
 import torch
 
-from kernels.reference import paged_attention_ref
+from testbed_kernels.reference import paged_attention_ref
 
 
 def run(

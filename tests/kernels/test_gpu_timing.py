@@ -9,8 +9,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_decode_faster_than_torch_reference():
-    from kernels.triton_paged_decode import paged_decode
     from testbed.attention.backend import AttentionMetadata, KernelBackend
+    from testbed_kernels.triton_paged_decode import paged_decode
 
     seqs, kv_heads, heads, head_dim, block_size, ctx = 32, 8, 32, 128, 16, 2048
     blocks_per_seq = ctx // block_size

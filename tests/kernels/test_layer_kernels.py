@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from kernels import reference
-from kernels.triton_kv_write import write_kv
-from kernels.triton_rms_norm import rms_norm
-from kernels.triton_rotary import rotary
-from kernels.triton_silu_mul import silu_and_mul
+from testbed_kernels import reference
+from testbed_kernels.triton_kv_write import write_kv
+from testbed_kernels.triton_rms_norm import rms_norm
+from testbed_kernels.triton_rotary import rotary
+from testbed_kernels.triton_silu_mul import silu_and_mul
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.reference import paged_attention_ref
-from kernels.triton_paged_decode import choose_num_splits, paged_decode
+from testbed_kernels.reference import paged_attention_ref
+from testbed_kernels.triton_paged_decode import choose_num_splits, paged_decode
 
 
 def run_decode(paged_kv, ctx_lens, block_size, num_kv_heads, group, head_dim, dtype, num_splits, seed=0):

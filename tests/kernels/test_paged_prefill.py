@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.reference import paged_attention_ref
-from kernels.triton_paged_prefill import paged_prefill
+from testbed_kernels.reference import paged_attention_ref
+from testbed_kernels.triton_paged_prefill import paged_prefill
 
 
 def run_prefill(paged_kv, q_lens, ctx_lens, block_size, num_kv_heads, group, head_dim, dtype, seed=0, **kw):

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import check_device, dot_upcast, mma
+from testbed_kernels.triton_common import check_device, dot_upcast, mma
 
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256  # below this a split is not worth its reduce traffic

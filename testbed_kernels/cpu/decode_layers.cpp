@@ -31,7 +31,7 @@ enum Weight {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& packed,
                   const c10::optional<at::Tensor>& b, int64_t few_rows) {
-    // as kernels.cpu.linear: few rows to the packed-weight kernel, more (or no packed copy) to torch's GEMM
+    // as testbed_kernels.cpu.linear: few rows to the packed-weight kernel, more (or no packed copy) to torch's GEMM
     if (packed.has_value() && packed->defined() && x.size(0) <= few_rows)
         return linear_packed(x.contiguous(), *packed, w.size(0), b);
     return at::linear(x, w, b);

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import check_device, dot_upcast, mma
+from testbed_kernels.triton_common import check_device, dot_upcast, mma
 
 LOG2E = 1.4426950408889634
 

@@ -9,7 +9,7 @@
 // blocking over k or over rows beyond MR, since with few rows the weights are the only large operand and are
 // read once; instead, while a panel computes its passes over the rows, the next panel is prefetched into L2
 // (a layer's time at 8-32 rows was otherwise its weights' memory time plus its arithmetic, one after the other).
-// Parallel over panels. For many rows (prefill) torch's GEMM on the plain weights is faster: kernels.cpu.linear
+// Parallel over panels. For many rows (prefill) torch's GEMM on the plain weights is faster: testbed_kernels.cpu.linear
 // sends only up to FEW_ROWS rows here (same-run A/B: results/kernels/cpu_kernels.md).
 //
 // Every output element is one chain of fused multiply-adds over k in order, whatever M is and wherever its row

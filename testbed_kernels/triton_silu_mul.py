@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import check_device
+from testbed_kernels.triton_common import check_device
 
 
 @triton.jit
