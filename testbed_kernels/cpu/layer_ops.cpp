@@ -1,6 +1,6 @@
 // Fused per-token layer ops for the CPU (RMSNorm, rotary, SiLU-and-mul): one pass over memory where the torch
-// reference makes several. Same math as testbed_kernels/reference.py (fp32 inside, results in the input dtype). Parallel over
-// tokens.
+// reference makes several. Same math as testbed_kernels/reference.py (fp32 inside, results in the input dtype).
+// Parallel over tokens.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
