@@ -17,6 +17,10 @@ The calibration checks itself (experiments/calibration/probe.py): a fixed probe 
 and the profile is refused (nothing written; `--force` writes it anyway, marked so) when the whole-step
 fit's median |error| exceeds 10% or the probe drifted more than 10%. The profile records both.
 
+The whole-step fit's linear-layer term takes one of two forms (testbed/sim/cost_models/profile.py): a knee and one
+slope, or the curve the operator microbenchmarks below measured for one layer's projections, scaled; `--linear-form
+auto` (the default) keeps whichever fits the calibration's own steps better.
+
 It also times the model's operators one by one (experiments/calibration/operator_bench.py) for the operator-level cost
 model (testbed/sim/cost_models/operators.py, `executor.cost_model=operators`); `--no-operators` skips that.
 """
@@ -97,6 +101,12 @@ def parse_args(argv):
     p.add_argument("--max-drift", type=float, default=MAX_DRIFT, help="refuse when the probe moved more")
     p.add_argument("--probe-repeats", type=int, default=3, help="probe runs per timing (their median)")
     p.add_argument("--no-operators", action="store_true", help="skip the operator microbenchmarks")
+    p.add_argument(
+        "--linear-form",
+        choices=("auto", "knee", "curve"),
+        default="auto",
+        help="the profile's linear-layer term (testbed/sim/cost_models/profile.py); auto: the better fit of both",
+    )
     return p.parse_known_args(argv)
 
 
@@ -146,7 +156,7 @@ def main(argv=None) -> Path | None:
         log(f"operators: host work residual median |error| {100 * operators['fit']['median_abs_rel_err']:.1f}%")
     probes.append(probe_seconds(engine, args.probe_repeats))
     log(f"probe (end): {1e3 * probes[-1]:.1f} ms")
-    result = fit(shapes, seconds)
+    result = fit(shapes, seconds, linear_curve(operators), args.linear_form)
     check = SelfCheck.of(result["fit"]["median_abs_rel_err"], probes, args.max_fit_error, args.max_drift)
     profile = describe(engine, overrides, shapes, seconds, names, result, check, args.force, operators)
     path = args.out / f"{profile_name(engine, profile['dtype'])}.json"
@@ -154,7 +164,10 @@ def main(argv=None) -> Path | None:
     print(
         f"fit: {f['samples']} steps, median |error| {100 * f['median_abs_rel_err']:.1f}%, "
         f"p90 {100 * f['p90_abs_rel_err']:.1f}%, R^2 {f['r2']:.3f}; probe drift {100 * check.drift:.1f}%; "
-        "coefficients " + ", ".join(f"{k}={v:.3g}" for k, v in zip(FEATURES, result["coefficients"].values())),
+        f"linear form {result['linear_form']} (median |error| "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in f["forms_median_abs_rel_err"].items())
+        + "); coefficients "
+        + ", ".join(f"{k}={v:.3g}" for k, v in zip(FEATURES, result["coefficients"].values())),
         file=sys.stderr,
     )
     if not check.passed and not args.force:
@@ -164,6 +177,13 @@ def main(argv=None) -> Path | None:
     write_json(path, profile)
     print(f"{path}" + ("" if check.passed else " (FORCED past: " + "; ".join(check.failures) + ")"), file=sys.stderr)
     return path
+
+
+def linear_curve(operators: dict | None) -> dict | None:
+    """The operator benchmark's linear-layer curve with its layer count: the profile's curve form's shape."""
+    if not operators or "linear" not in operators:
+        return None
+    return {"layers": operators["layers"], **operators["linear"]}
 
 
 def describe(engine, overrides, shapes, seconds, names, result, check, forced, operators) -> dict:

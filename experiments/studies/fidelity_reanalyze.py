@@ -15,6 +15,11 @@ enter.
 Writes drift_runs.csv, drift_matched.csv, knee_matched.csv, probe_gauge.csv, probe_gauge_runs.csv,
 probe_gauge_segments.csv and
 drift_matched.md into the folder (their runs in a temporary folder unless --keep-runs).
+
+With --reprice --profile P --out OUT, P being another profile than the study ran on (e.g. one refitted by
+experiments.calibration.refit), the study's real steps are priced again by P first (step_residuals.csv's
+predicted_s: the oracle and the step residuals then describe P), and every table, with the repriced
+step_residuals.csv and residuals_by_kind.csv, goes to OUT, another folder: the study's own files stay as measured.
 """
 
 import argparse
@@ -32,7 +37,10 @@ from experiments.studies import fidelity_drift as drift
 from experiments.studies import probe_gauge as gauge
 from experiments.studies.fidelity import drift_tables_of, simulate, write_drift_markdown
 from experiments.studies.fidelity_plan import Cell
-from experiments.studies.fidelity_report import METRICS, calibration_line
+from experiments.studies.fidelity_report import METRICS, calibration_line, residuals_by_kind
+from testbed.sim.cost_models.operators import OperatorCost
+from testbed.sim.cost_models.profile import ProfileCost
+from testbed.sim.shape import StepShape
 
 
 def find_profile(folder: Path, given: Path | None) -> Path:
@@ -42,6 +50,20 @@ def find_profile(folder: Path, given: Path | None) -> Path:
     if len(found) != 1:
         raise SystemExit(f"{folder}: no single profile in {folder / 'profile'}; pass --profile PATH")
     return found[0]
+
+
+def reprice(steps: pd.DataFrame, profile: Path) -> pd.DataFrame:
+    """step_residuals with predicted_s priced by `profile`'s cost models (the study priced them with its own)."""
+    meta = json.loads(profile.read_text())
+    fields = list(StepShape.__dataclass_fields__)
+    out = steps.copy()
+    for name in out["cost_model"].unique():
+        cls = OperatorCost if name == "operators" else ProfileCost
+        model = cls(profile, meta["model"], meta["kernel"], meta["dtype"])
+        rows = out["cost_model"] == name
+        shapes = out.loc[rows, fields].itertuples(index=False, name=None)
+        out.loc[rows, "predicted_s"] = [model.step_time(StepShape(*shape)) for shape in shapes]
+    return out
 
 
 def cell_overrides(folder: Path, row, cost_model: str) -> list[str]:
@@ -59,12 +81,16 @@ def cell_overrides(folder: Path, row, cost_model: str) -> list[str]:
 
 
 def reanalyze(
-    folder: Path, profile: Path, runs_dir: Path, user: list[str], cost_models: list[str] | None
+    folder: Path,
+    profile: Path,
+    runs_dir: Path,
+    user: list[str],
+    cost_models: list[str] | None,
+    steps: pd.DataFrame,
 ) -> pd.DataFrame:
     """runs.csv's real rows plus, per cell and cost model, the re-simulation at scale 1 (side sim), one
     matched simulation per real run (side sim_matched) and one at its own step speed (sim_step_matched)."""
     runs = pd.read_csv(folder / "runs.csv")
-    steps = pd.read_csv(folder / "step_residuals.csv")
     meta = json.loads(profile.read_text())
     reference = drift.reference_probe(meta)
     if reference is None:
@@ -117,30 +143,43 @@ def main(argv=None) -> Path:
     p.add_argument("--cost-models", nargs="+", help="default: those the study simulated")
     p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment that defines the knee")
     p.add_argument("--keep-runs", action="store_true", help="keep the simulations' run folders in FOLDER/drift_runs/")
+    p.add_argument("--out", type=Path, help="the tables' folder (default: FOLDER)")
+    p.add_argument("--reprice", action="store_true", help="price the real steps again by --profile (needs --out)")
     args, user = p.parse_known_args(argv)
     folder, profile = args.folder, find_profile(args.folder, args.profile)
+    out, repriced = args.out or folder, args.reprice
+    if repriced and (args.profile is None or out.resolve() == folder.resolve()):
+        p.error("--reprice needs --profile and an --out other than the study's folder (its files stay as measured)")
+    out.mkdir(parents=True, exist_ok=True)
+    steps = pd.read_csv(folder / "step_residuals.csv")
+    if repriced:
+        steps = reprice(steps, profile)
     with tempfile.TemporaryDirectory() as tmp:
-        runs_dir = folder / "drift_runs" if args.keep_runs else Path(tmp)
-        runs = reanalyze(folder, profile, runs_dir, user, args.cost_models)
+        runs_dir = out / "drift_runs" if args.keep_runs else Path(tmp)
+        runs = reanalyze(folder, profile, runs_dir, user, args.cost_models, steps)
     meta = json.loads(profile.read_text())
     reference = drift.reference_probe(meta) or math.nan  # reanalyze() refused a profile without one
-    steps = pd.read_csv(folder / "step_residuals.csv")
     tables = {"drift_runs": runs, **drift_tables_of(runs, steps, reference, args.attainment)}
+    if repriced:
+        tables |= {"step_residuals": steps, "residuals_by_kind": residuals_by_kind(steps)}
     for name, table in tables.items():
-        with atomic_open(folder / f"{name}.csv") as f:
+        with atomic_open(out / f"{name}.csv") as f:
             table.to_csv(f, index=False)
+    flags = f"{f' --profile {profile}' if args.profile else ''}{' --reprice' if repriced else ''}"
+    flags += f" --out {out}" if args.out else ""
     header = (
         f"Drift-matched re-analysis of `{folder.name}` (`python -m experiments.studies.fidelity_reanalyze "
-        f"{folder}{f' --profile {profile}' if args.profile else ''}`): profile `{profile}`, {calibration_line(meta)}. "
+        f"{folder}{flags}`): profile "
+        f"`{profile}`{' (the real steps priced again by it)' if repriced else ''}, {calibration_line(meta)}. "
         f"Reference probe (mean of the calibration's three) {1e3 * reference:.0f} ms; each real "
         "run simulated again at cost_scale = its run probe (the mean of its probes before and after; before alone "
         "where none was timed after) / that reference, and (the oracle, `[s ...]`) at its own "
         "median step speed. Raw figures are re-simulated with "
         "today's code at cost_scale 1 (drift_runs.csv `resim_vs_recorded`: against the study's own simulation)."
     )
-    write_drift_markdown(folder, tables, header)
-    print((folder / "drift_matched.md").read_text())
-    return folder
+    write_drift_markdown(out, tables, header)
+    print((out / "drift_matched.md").read_text())
+    return out
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from testbed.models.build import load_model_spec
 from testbed.request import Request
 from testbed.sampling_params import SamplingParams
 from testbed.sim.clock import ClockDivergence, RecordingClock, ReplayClock, VirtualClock
+from testbed.sim.cost_models.curves import interpolate
 from testbed.sim.cost_models.profile import FEATURES, ProfileCost, fit
 from testbed.sim.cost_models.roofline import RooflineCost
 from testbed.sim.devices import load_device
@@ -106,7 +107,7 @@ def synthetic_shapes(n, seed=0):
     return shapes
 
 
-def test_profile_fit_recovers_a_planted_model():
+def test_profile_fit_recovers_a_planted_model(tmp_path):
     truth = {"step": 2e-3, "seqs": 5e-5, "linear": 1e-4, "logits": 2e-5, "prefill_pairs": 3e-9, "decode_context": 4e-8}
     knee = 32.0
     shapes = synthetic_shapes(400)
@@ -123,17 +124,58 @@ def test_profile_fit_recovers_a_planted_model():
         )
 
     seconds = [true_time(s) * rng.uniform(0.98, 1.02) for s in shapes]  # 2% noise
-    result = fit(shapes, seconds)
-    assert result["fit"]["median_abs_rel_err"] < 0.02
-    held_out = synthetic_shapes(100, seed=5)
-    profile = {"format": 1, "model": "m", "kernel": "k", "dtype": "float32", **result}
-    cost = ProfileCost.__new__(ProfileCost)
-    cost.path, cost.profile, cost.knee = None, profile, result["knee_tokens"]
-    import numpy as np
-
-    cost.coef = np.array([result["coefficients"][f] for f in FEATURES])
-    errors = [abs(cost.step_time(s) - true_time(s)) / true_time(s) for s in held_out]
+    result = fit(shapes, seconds, BENT_CURVE)  # a curve these steps do not follow: the knee form fits better
+    assert result["linear_form"] == "knee" and result["fit"]["median_abs_rel_err"] < 0.02
+    cost = written_profile(tmp_path, result)
+    errors = [abs(cost.step_time(s) - true_time(s)) / true_time(s) for s in synthetic_shapes(100, seed=5)]
     assert max(errors) < 0.05
+
+
+# one layer's linear-layer seconds at x rows, bent as on the VM of 2026-12-04: per row 2.2x dearer past 64 rows
+BENT_CURVE = {"layers": 30, "x": [1.0, 16.0, 64.0, 256.0, 512.0], "seconds": [2.4e-4, 5.3e-4, 1.7e-3, 1.56e-2, 3.1e-2]}
+
+
+def written_profile(tmp_path, result) -> ProfileCost:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"format": 1, "model": "m", "kernel": "k", "dtype": "float32", **result}))
+    return ProfileCost(path, "m", "k", "float32")
+
+
+def test_profile_fit_takes_the_measured_linear_curve_where_steps_follow_it(tmp_path):
+    scale, other = 1.05, {"step": 2e-3, "seqs": 5e-5, "logits": 2e-5, "prefill_pairs": 3e-9, "decode_context": 4e-8}
+    layers = BENT_CURVE["layers"]
+
+    def true_time(s):
+        return (
+            other["step"]
+            + other["seqs"] * s.num_seqs
+            + scale * layers * interpolate(BENT_CURVE, s.num_tokens)
+            + other["logits"] * s.num_logits
+            + other["prefill_pairs"] * s.prefill_pairs
+            + other["decode_context"] * s.decode_context
+        )
+
+    shapes, rng = synthetic_shapes(400), random.Random(2)
+    seconds = [true_time(s) * rng.uniform(0.98, 1.02) for s in shapes]
+    knee_only = fit(shapes, seconds)
+    result = fit(shapes, seconds, BENT_CURVE)
+    assert knee_only["linear_form"] == "knee" and result["linear_form"] == "curve"
+    assert result["coefficients"]["linear"] == pytest.approx(scale, rel=0.03)
+    forms = result["fit"]["forms_median_abs_rel_err"]
+    assert forms["curve"] < 0.02 < forms["knee"] == pytest.approx(knee_only["fit"]["median_abs_rel_err"])
+    cost = written_profile(tmp_path, result)
+    assert cost.identity["profile_linear_form"] == "curve"
+    held_out = synthetic_shapes(100, seed=5)
+    assert max(abs(cost.step_time(s) - true_time(s)) / true_time(s) for s in held_out) < 0.05
+    forced = fit(shapes, seconds, BENT_CURVE, linear_form="knee")
+    assert forced["linear_form"] == "knee" and "linear_curve" not in forced
+    with pytest.raises(ValueError, match="needs the calibration's linear-layer curve"):
+        fit(shapes, seconds, linear_form="curve")
+    with pytest.raises(ValueError, match="linear_form must be"):
+        fit(shapes, seconds, BENT_CURVE, linear_form="bent")
+    broken = {k: v for k, v in result.items() if k != "linear_curve"}
+    with pytest.raises(ValueError, match="without its linear_curve"):
+        written_profile(tmp_path, broken)
 
 
 def test_profile_refuses_another_setup(tmp_path):

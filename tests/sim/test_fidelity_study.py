@@ -360,6 +360,26 @@ def test_study_small_scale(tmp_path, profile, monkeypatch):
     assert (again["side"] == STEP_MATCHED).sum() == len(real) and set(again["cost_model"].dropna()) == {"profile"}
     assert pd.read_csv(out / "drift_matched.csv")["step_matched_error"].notna().all()
     assert all(max(abs(v) for v in json.loads(d).values()) < 1e-9 for d in again["resim_vs_recorded"].dropna())
+    # --reprice: another profile (here every coefficient doubled) prices the study's real steps again, and
+    # the tables go to another folder; the study's own step residuals stay as measured
+    doubled = json.loads(profile.read_text())
+    doubled["coefficients"] = {k: 2 * v for k, v in doubled["coefficients"].items()}
+    other, elsewhere = tmp_path / "doubled.json", tmp_path / "repriced"
+    other.write_text(json.dumps(doubled))
+    measured = pd.read_csv(out / "step_residuals.csv")
+    with pytest.raises(SystemExit):
+        fidelity_reanalyze.main([str(out), "--profile", str(other), "--reprice", *overrides, *short])
+    fidelity_reanalyze.main(
+        [str(out), "--profile", str(other), "--reprice", "--out", str(elsewhere), *overrides, *short,
+         "--cost-models", "profile"]
+    )  # fmt: skip
+    pd.testing.assert_frame_equal(pd.read_csv(out / "step_residuals.csv"), measured)
+    repriced = pd.read_csv(elsewhere / "step_residuals.csv")
+    mine = measured["cost_model"] == "profile"
+    assert repriced.loc[mine, "predicted_s"].to_numpy() == pytest.approx(2 * measured.loc[mine, "predicted_s"])
+    assert repriced.loc[~mine, "predicted_s"].to_numpy() == pytest.approx(measured.loc[~mine, "predicted_s"])
+    assert (elsewhere / "residuals_by_kind.csv").exists() and (elsewhere / "drift_matched.csv").exists()
+    assert "--reprice" in (elsewhere / "drift_matched.md").read_text()
 
 
 @pytest.mark.parametrize("sims_last", [False, True])

@@ -9,7 +9,8 @@ import pytest
 
 from experiments.calibration.operator_bench import grids
 from experiments.run.runner import run_trace
-from testbed.sim.cost_models.operators import DECODE, HOST, PREFILL, Operators, fit_operators, interpolate
+from testbed.sim.cost_models.curves import interpolate
+from testbed.sim.cost_models.operators import DECODE, HOST, PREFILL, Operators, fit_operators
 
 from .test_cost_models import synthetic_shapes
 from .test_sim_runs import SMALL_TRACE, cfg

@@ -27,6 +27,7 @@ the whole-step fit of profile.py); `executor.cost_model=operators executor.profi
 
 import numpy as np
 
+from testbed.sim.cost_models.curves import interpolate
 from testbed.sim.cost_models.profile import ProfileCost, _nnls_relative
 from testbed.sim.shape import StepShape
 
@@ -48,17 +49,6 @@ def _curve(points) -> dict:
         by_x.setdefault(float(x), []).append(float(t))
     xs = sorted(by_x)
     return {"x": xs, "seconds": [float(np.median(by_x[x])) for x in xs]}
-
-
-def interpolate(curve: dict, x: float) -> float:
-    """Piecewise linear in x over the grid; beyond it, the nearest segment's slope (never below zero)."""
-    xs, ts = curve["x"], curve["seconds"]
-    if len(xs) == 1 or xs[0] <= x <= xs[-1]:
-        return float(np.interp(x, xs, ts))
-    i = 0 if x < xs[0] else len(xs) - 2
-    slope = (ts[i + 1] - ts[i]) / (xs[i + 1] - xs[i])
-    edge = 0 if x < xs[0] else len(xs) - 1
-    return max(0.0, ts[edge] + slope * (x - xs[edge]))
 
 
 def prefill_rows(samples) -> tuple[np.ndarray, np.ndarray]:
