@@ -23,6 +23,8 @@ PAIRS = [
     ("v8_2026-12-03", "v9_2026-12-03"),
     ("v7_2026-12-03", "v9_2026-12-03"),
     ("v9_knee_low_2026-12-03", "v10_knee_2026-12-03"),
+    ("v11_synth_knee_high_2026-12-04/refit_curve", "v12_synth_knee_2026-12-04"),
+    ("v11_synth_knee_high_2026-12-04", "v12_synth_knee_2026-12-04"),
 ]
 TRIPLES = [
     ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03"),
@@ -32,8 +34,10 @@ TRIPLES = [
 
 
 def label(folder: str) -> str:
-    """v9_knee_low_2026-12-03 -> v9_knee_low: the folder name without its date."""
-    return folder.rsplit("_", 1)[0]
+    """v9_knee_low_2026-12-03 -> v9_knee_low: the folder name without its date (a re-analysis in a subfolder,
+    v11_x_2026-12-04/refit_curve -> v11_x/refit_curve)."""
+    study, _, sub = folder.partition("/")
+    return study.rsplit("_", 1)[0] + (f"/{sub}" if sub else "")
 
 
 def load(folder: str) -> pd.DataFrame:
