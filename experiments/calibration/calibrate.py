@@ -37,7 +37,7 @@ from experiments.calibration.probe import MAX_DRIFT, MAX_FIT_ERROR, SelfCheck, p
 from experiments.calibration.step_shapes import measure
 from experiments.results.environment import cpu_name, environment
 from experiments.results.files import write_json
-from testbed.sim.cost_models.profile import FEATURES, FORMAT, fit
+from testbed.sim.cost_models.profile import FEATURES, FORMAT, LINEAR_FORMS, fit
 from testbed.sim.shape import StepShape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ def parse_args(argv):
     p.add_argument("--no-operators", action="store_true", help="skip the operator microbenchmarks")
     p.add_argument(
         "--linear-form",
-        choices=("auto", "knee", "curve"),
+        choices=("auto", *LINEAR_FORMS),
         default="auto",
         help="the profile's linear-layer term (testbed/sim/cost_models/profile.py); auto: the better fit of both",
     )

@@ -18,7 +18,7 @@ from experiments.calibration.calibrate import linear_curve
 from experiments.calibration.probe import SelfCheck
 from experiments.results.environment import environment
 from experiments.results.files import write_json
-from testbed.sim.cost_models.profile import FORMAT, fit
+from testbed.sim.cost_models.profile import FORMAT, LINEAR_FORMS, fit
 from testbed.sim.shape import StepShape
 
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("profile", type=Path)
     p.add_argument("--out", type=Path, required=True, help="the refitted profile's path (never the input's)")
-    p.add_argument("--linear-form", choices=("auto", "knee", "curve"), default="auto")
+    p.add_argument("--linear-form", choices=("auto", *LINEAR_FORMS), default="auto")
     p.add_argument("--force", action="store_true", help="write it even if its self-check fails")
     args = p.parse_args(argv)
     if args.out.resolve() == args.profile.resolve():

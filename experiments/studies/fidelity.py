@@ -91,11 +91,16 @@ def real_config(overrides: tuple[str, ...]):
 
 
 def cost_model(name: str, profile: Path, engine):
+    return cost_model_for(name, profile, engine.model_name, engine.kernel, str(engine.dtype).removeprefix("torch."))
+
+
+def cost_model_for(name: str, profile: Path, model: str, kernel: str, dtype: str):
+    """The study's cost model `name` (profile or operators) built from `profile` for this model, kernel and dtype."""
     from testbed.sim.cost_models.operators import OperatorCost
     from testbed.sim.cost_models.profile import ProfileCost
 
     cls = OperatorCost if name == "operators" else ProfileCost
-    return cls(profile, engine.model_name, engine.kernel, str(engine.dtype).removeprefix("torch."))
+    return cls(profile, model, kernel, dtype)
 
 
 class Study:

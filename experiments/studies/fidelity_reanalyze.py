@@ -35,11 +35,9 @@ from omegaconf import OmegaConf
 from experiments.results.atomic import atomic_open
 from experiments.studies import fidelity_drift as drift
 from experiments.studies import probe_gauge as gauge
-from experiments.studies.fidelity import drift_tables_of, simulate, write_drift_markdown
+from experiments.studies.fidelity import cost_model_for, drift_tables_of, simulate, write_drift_markdown
 from experiments.studies.fidelity_plan import Cell
 from experiments.studies.fidelity_report import METRICS, calibration_line, residuals_by_kind
-from testbed.sim.cost_models.operators import OperatorCost
-from testbed.sim.cost_models.profile import ProfileCost
 from testbed.sim.shape import StepShape
 
 
@@ -58,8 +56,7 @@ def reprice(steps: pd.DataFrame, profile: Path) -> pd.DataFrame:
     fields = list(StepShape.__dataclass_fields__)
     out = steps.copy()
     for name in out["cost_model"].unique():
-        cls = OperatorCost if name == "operators" else ProfileCost
-        model = cls(profile, meta["model"], meta["kernel"], meta["dtype"])
+        model = cost_model_for(name, profile, meta["model"], meta["kernel"], meta["dtype"])
         rows = out["cost_model"] == name
         shapes = out.loc[rows, fields].itertuples(index=False, name=None)
         out.loc[rows, "predicted_s"] = [model.step_time(StepShape(*shape)) for shape in shapes]
