@@ -13,18 +13,26 @@ import time
 
 import torch
 
+from experiments.calibration.refine import refine
 from testbed.attention.backend import AttentionMetadata
 from testbed.executor.kv_cache import allocate_kv_cache, kv_cache_dtype
 
 POOL_TOKENS = 1 << 16  # KV slots of the private cache; larger decode batches reuse blocks (wrap around)
 
 
-def _powers(limit: int, start: int = 1) -> list[int]:
-    out, n = [], start
+def _powers(limit: int, factor: int = 4) -> list[int]:
+    out, n = [], 1
     while n < limit:
         out.append(n)
-        n *= 4
+        n *= factor
     return [*out, limit]
+
+
+def _dense(limit: int, segments: int = 32) -> list[int]:
+    """Powers of two up to 16 rows, then evenly spaced (at least 16 apart) to the limit: the start grid of the
+    linear layers, whose time per row can change abruptly at a kernel's dispatch threshold (refine.py)."""
+    step = max(16, -(-limit // segments))
+    return sorted({n for n in (1, 2, 4, 8) if n < limit} | set(range(16, limit, step)) | {limit})
 
 
 def grids(max_tokens: int, max_seqs: int, max_len: int, quick: bool) -> dict:
@@ -35,6 +43,7 @@ def grids(max_tokens: int, max_seqs: int, max_len: int, quick: bool) -> dict:
     before = (0, 256) if quick else (0, 256, 1024, 4096)
     return {
         "tokens": tokens,
+        "linear": tokens if quick else _dense(max_tokens),
         "logits": few(max_seqs) if quick else _powers(max_seqs),
         "prefill": [(q, c) for q in chunks or [max_tokens] for c in before if q + c <= max_len],
         "decode": [
@@ -91,11 +100,12 @@ def _meta(query_lens: list[int], seq_lens: list[int], block_size: int, num_block
 @torch.inference_mode()
 def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
     """{"layers": L, operator: [(x..., seconds)]} for linear, norm_act, logits (by rows), attn_prefill (by
-    chunk, context before it) and attn_decode (by rows, total KV tokens read)."""
+    chunk, context before it) and attn_decode (by rows, total KV tokens read). linear's grid is refined where
+    its time per row bends (refine.py)."""
     model, cfg, arch, device = engine.model, engine.config, engine.arch, engine.device
     ops, layer, dtype = model.ops, model.model.layers[0], engine.dtype
     attn, mlp = layer.self_attn, layer.mlp
-    timer = _Timer(device, repeats)
+    timer, steady = _Timer(device, repeats), _Timer(device, max(repeats, 5))
     g = grids(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs, engine.max_model_len, quick)
     randn = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)
     out: dict = {"layers": arch.num_hidden_layers, "linear": [], "norm_act": [], "logits": []}
@@ -112,9 +122,13 @@ def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
     def logits(h):
         model.compute_logits(model.model.norm(h, h.clone())[0]).argmax(-1).tolist()
 
+    def linear_seconds(n: int) -> float:  # 5 calls at least: one slow call must not pass for a cliff
+        return steady(linear, randn(n, arch.hidden_size), randn(n, attn.q_size), randn(n, arch.intermediate_size))
+
+    # split where the backend changes code path (a cliff in time per row), not only at the grid's points
+    out["linear"] = refine(linear_seconds, g["linear"], budget=4 if quick else 24)
     for n in g["tokens"]:
         x = randn(n, arch.hidden_size)
-        out["linear"].append((n, timer(linear, x, randn(n, attn.q_size), randn(n, arch.intermediate_size))))
         qk = randn(n, attn.num_heads, attn.head_dim), randn(n, attn.num_kv_heads, attn.head_dim)
         positions = torch.arange(n, device=device) % engine.max_model_len
         gate_up = randn(n, 2 * arch.intermediate_size)
