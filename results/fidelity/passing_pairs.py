@@ -26,6 +26,8 @@ PAIRS = [
     ("v11_synth_knee_high_2026-12-04/refit_curve", "v12_synth_knee_2026-12-04"),
     ("v11_synth_knee_high_2026-12-04", "v12_synth_knee_2026-12-04"),
     ("v12_azure_knee_2026-12-04", "v13_azure_knee_2026-12-04"),
+    ("v14_azure_2026-12-04", "v15_2026-12-04/azure"),
+    ("v14_synth_knee_2026-12-04", "v15_2026-12-04/synthetic"),
 ]
 TRIPLES = [
     ("v2_2026-12-02", "v6_2026-12-03", "v7_2026-12-03"),
