@@ -77,3 +77,14 @@ def test_the_budget_bounds_the_timings():
     rng = random.Random(1)
     refine(lambda n: calls.append(n) or rng.uniform(1e-4, 1e-3), GRID, budget=5)
     assert len(calls) == len(GRID) + 5
+
+
+def test_the_row_tile_staircase_below_64_rows_is_on_the_grid():
+    """The packed kernel takes rows in tiles (12 with AVX-512): each extra tile is one more pass, a step in time per
+    step of ~50% at 13 rows. A midpoint test cannot see a staircase; the grid has every row to 64."""
+    truth = lambda n: 2e-4 + 1.2e-4 * -(-n // 12) + 1e-6 * n
+    points = refine(truth, GRID)
+    for n in range(1, 65):
+        assert abs(interpolate(curve(points), n) / truth(n) - 1) < 1e-9, n
+    coarse = curve([(n, truth(n)) for n in COARSE])
+    assert max(abs(interpolate(coarse, n) / truth(n) - 1) for n in range(1, 65)) > 0.15
