@@ -20,11 +20,11 @@ from testbed.executor.kv_cache import allocate_kv_cache, kv_cache_dtype
 POOL_TOKENS = 1 << 16  # KV slots of the private cache; larger decode batches reuse blocks (wrap around)
 
 
-def _powers(limit: int, factor: int = 4) -> list[int]:
-    out, n = [], 1
+def _powers(limit: int, start: int = 1) -> list[int]:
+    out, n = [], start
     while n < limit:
         out.append(n)
-        n *= factor
+        n *= 4
     return [*out, limit]
 
 
@@ -110,7 +110,7 @@ def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
     timer, steady = _Timer(device, repeats), _Timer(device, max(repeats, 5))
     g = grids(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs, engine.max_model_len, quick)
     randn = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)
-    out: dict = {"layers": arch.num_hidden_layers, "linear": [], "norm_act": [], "logits": []}
+    out: dict = {"layers": arch.num_hidden_layers, "norm_act": [], "logits": []}
 
     def linear(x, attn_out, inter):
         attn.qkv_proj(x), attn.o_proj(attn_out), mlp.gate_up_proj(x), mlp.down_proj(inter)
