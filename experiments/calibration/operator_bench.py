@@ -128,7 +128,7 @@ def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
         return steady(linear, randn(n, arch.hidden_size), randn(n, attn.q_size), randn(n, arch.intermediate_size))
 
     # split where the backend changes code path (a cliff in time per row), not only at the grid's points
-    out["linear"] = refine(linear_seconds, g["linear"], budget=4 if quick else 24)
+    out["linear"] = refine(linear_seconds, g["linear"], budget=4 if quick else 24, retimes=4 if quick else 12)
     for n in g["tokens"]:
         x = randn(n, arch.hidden_size)
         qk = randn(n, attn.num_heads, attn.head_dim), randn(n, attn.num_kv_heads, attn.head_dim)

@@ -8,8 +8,10 @@ README.md, v13's Azure 70% TTFT: steps of 80-128 tokens priced +34-57%). Splitti
 log2(gap) extra points, on any machine, without knowing where a backend switches.
 
 Noise only adds time, so a point far above the line through its neighbours is timed once more and the lower time
-kept (a cliff stays, one slow timing does not). The segment most out of line is split first (a heap), so noise at a
-few rows cannot spend the budget before a real cliff is found. A straight or gently bending curve costs nothing.
+kept (a cliff stays, one slow timing does not); the points furthest above are re-timed first, from a budget of their
+own, so a noisy machine's spikes cannot spend the splits' budget. The segment most out of line is split first (a
+heap), so noise at a few rows cannot spend the budget before a real cliff is found. A straight or gently bending curve
+costs nothing.
 """
 
 import heapq
@@ -37,14 +39,19 @@ def _out_of_line(t: dict, xs: list[int], i: int) -> float:
     return min(offs, default=float("inf"))
 
 
-def refine(measure: Callable[[int], float], grid: list[int], tolerance: float = 0.15, budget: int = 24) -> list:
-    """[(x, seconds)] at the grid's points plus at most `budget` more timings, sorted by x. measure(x) -> seconds."""
+def refine(
+    measure: Callable[[int], float], grid: list[int], tolerance: float = 0.15, budget: int = 24, retimes: int = 12
+) -> list:
+    """[(x, seconds)] at the grid's points plus at most `budget` split timings and `retimes` re-timings of spikes,
+    sorted by x. measure(x) -> seconds."""
     xs = sorted(set(grid))
     t = {x: measure(x) for x in xs}
-    for a, x, b in zip(xs, xs[1:], xs[2:]):
-        if budget > 0 and t[x] > (1 + tolerance) * _at(t, a, b, x):
-            t[x] = min(t[x], measure(x))
-            budget -= 1
+    spikes = sorted(
+        ((t[x] / line, x) for a, x, b in zip(xs, xs[1:], xs[2:]) if t[x] > (1 + tolerance) * (line := _at(t, a, b, x))),
+        reverse=True,
+    )
+    for _, x in spikes[:retimes]:
+        t[x] = min(t[x], measure(x))
     heap = [
         (-off, a, b)
         for i, (a, b) in enumerate(zip(xs, xs[1:]))
