@@ -3,7 +3,10 @@ Shows the linear layers' 128/129-row cliff of the CPU backend (testbed_kernels.c
 priced it (an operator grid of 1, 4, 16, 64, 256, 512 rows) and as v14's and later price it (every 16 rows,
 split to one row where out of line: experiments/calibration/refine.py).
 
-    python results/fidelity/steps_by_tokens.py v13_azure_knee_2026-12-04 v14_azure_2026-12-04 > steps_by_tokens.txt
+    python results/fidelity/steps_by_tokens.py v13_azure_knee_2026-12-04 v14_azure_2026-12-04 v14_synth_knee_2026-12-04 \
+        v15_2026-12-04/azure v15_2026-12-04/synthetic v16_synth_2026-12-04 v17_2026-12-04/azure \
+        v17_2026-12-04/synthetic v17_2026-12-04/synthetic_low v18_2026-12-04/azure v18_2026-12-04/synthetic \
+        v18_2026-12-04/synthetic_low > steps_by_tokens.txt
 """
 
 import sys
