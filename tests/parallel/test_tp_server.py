@@ -72,24 +72,43 @@ def ended(pid: int) -> bool:
         return True
 
 
+def start(overrides: list[str], n: int, tmp_path: Path, attempts: int = 3):
+    """(server process, its url, its log): a fresh free port per attempt, since the port found free can be taken
+    (torch.distributed's workers start before the server binds) before the server binds it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for attempt in range(attempts):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        run_dir = tmp_path / str(attempt)
+        command = [sys.executable, "run.py", "mode=serve", *overrides, f"parallel.tensor_parallel_size={n}",
+                   "server.host=127.0.0.1", f"server.port={port}", f"hydra.run.dir={run_dir}"]  # fmt: skip
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log: list[str] = []
+        reader = threading.Thread(target=lambda proc=proc, log=log: log.extend(proc.stdout), daemon=True)
+        reader.start()
+        try:
+            wait_up(proc, url, log)
+            return proc, url, log
+        except AssertionError:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            reader.join(timeout=10)
+            if "address already in use" not in "".join(log) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.parametrize(
     "model, n",
     [("tiny", 2), pytest.param("smollm2-135m", 3, marks=pytest.mark.slow)],
 )
 def test_served_tokens_equal_one_rank_and_sigterm_ends_every_process(model, n, tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     overrides = [f"model={model}", "kernel=torch", "cache.num_blocks=256", "progress=false"]
     prompts = [[1, 5, 9, 13], [1, *range(40, 70)]]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    command = [sys.executable, "run.py", "mode=serve", *overrides, f"parallel.tensor_parallel_size={n}",
-               "server.host=127.0.0.1", f"server.port={port}", f"hydra.run.dir={tmp_path}"]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+    proc, url, log = start(overrides, n, tmp_path)
     children: list[int] = []
     try:
-        wait_up(proc, url, log)
         kids = psutil.Process(proc.pid).children(recursive=True)  # the workers, multiprocessing's helper
         children = [c.pid for c in kids]
         assert sum("spawn_main" in " ".join(c.cmdline()) for c in kids) >= n - 1, "".join(log)
