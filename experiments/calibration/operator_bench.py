@@ -114,8 +114,10 @@ def operator_samples(engine, quick: bool = False, repeats: int = 3) -> dict:
 
     layers = list(model.model.layers)
 
-    def linear(x, attn_out, inter):  # every layer in turn, as a step runs them: one layer's weights stay in cache
-        for each in layers:  # and time it compute-bound (2026-12-04: 1.5-1.7x fast at 4-9 rows on CPU)
+    # every layer in turn, as a step runs them: one layer called again and again keeps its weights in cache and times
+    # compute, not the weights a step streams from memory (results/fidelity/v18_2026-12-04/hot_cold.txt)
+    def linear(x, attn_out, inter):
+        for each in layers:
             each.self_attn.qkv_proj(x), each.self_attn.o_proj(attn_out)
             each.mlp.gate_up_proj(x), each.mlp.down_proj(inter)
 
