@@ -90,13 +90,15 @@ def start(overrides: list[str], n: int, tmp_path: Path, attempts: int = 3):
             wait_up(proc, url, log)
             return proc, url, log
         except AssertionError:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(proc.pid).children(recursive=True):  # its workers, if any are left
+                    child.kill()
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
             reader.join(timeout=10)
             if "address already in use" not in "".join(log) or attempt == attempts - 1:
                 raise
-    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize(
