@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from experiments.results.arrow_pool import system_memory_pool
+from testbed.core.access_log import KINDS
 
 FILE = "kv_accesses.parquet"
 
@@ -29,31 +30,32 @@ def access_table(log) -> pa.Table:
 
 
 def _access_table(log) -> pa.Table:
-    kinds, request_ids, num_tokens, values, counts = log.flat_columns()
-    lookups = len(request_ids) - request_ids.count(None)
-    if not lookups or not values or len(values) > np.iinfo(np.int32).max:  # pandas infers other types then
+    arrays = log.arrays()
+    if arrays is None or not len(arrays[1]) or not len(arrays[4]) or len(arrays[4]) > np.iinfo(np.int32).max:
+        # pandas infers other types then (no lookup: request_id all null; no hash: list<null>; ...)
+        kinds, request_ids, num_tokens, hashes = log.columns()
         frame = pd.DataFrame({"kind": kinds, "request_id": request_ids, "num_tokens": num_tokens})
         frame["num_tokens"] = frame["num_tokens"].astype("Int64")
-        hashes, at = [], 0
-        for count in counts:
-            hashes.append(values[at : at + count])
-            at += count
         return pa.Table.from_pandas(frame.assign(hashes=hashes), preserve_index=False)
+    codes, lookup_at, request_ids, num_tokens, values, counts = arrays
     offsets = np.zeros(len(counts) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
+    lookup_of = np.full(len(codes), -1, dtype=np.int64)  # each event's lookup, -1: a block event (null)
+    lookup_of[lookup_at] = np.arange(len(lookup_at))
+    missing = lookup_of < 0
     table = pa.table(
         {
             # the types pandas gives these columns (str: large_string; Int64: int64), None as null
-            "kind": pa.array(kinds, type=pa.large_string()),
-            "request_id": pa.array(request_ids, type=pa.large_string()),
-            "num_tokens": pa.array(num_tokens, type=pa.int64()),
+            "kind": pa.array(KINDS, type=pa.large_string()).take(pa.array(codes)),
+            "request_id": pa.array(request_ids, type=pa.large_string()).take(pa.array(lookup_of, mask=missing)),
+            "num_tokens": pa.array(num_tokens, type=pa.int64()).take(pa.array(lookup_of, mask=missing)),
             "hashes": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),  # list<int64>, as inferred
         }
     )
     # pandas' metadata of the frame's columns: pyarrow makes it from dtypes and arrow types
     stub = pd.DataFrame(
         {
-            "kind": pd.Series(kinds[:1], dtype="str"),
+            "kind": pd.Series([KINDS[codes[0]]], dtype="str"),
             "request_id": pd.Series(["?"], dtype="str"),
             "num_tokens": pd.Series([0], dtype="Int64"),
             "hashes": pd.Series([[]], dtype=object),

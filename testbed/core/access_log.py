@@ -16,42 +16,47 @@ attribute test per block event.
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import chain
+
+import numpy as np
 
 LOOKUP, CACHE, RELEASE = "lookup", "cache", "release"
+KINDS = (LOOKUP, CACHE, RELEASE)  # each kind's code: its index here
+_CACHE_CODE, _RELEASE_CODE = b"\x01", b"\x02"
 
 
 class KVAccessLog:
     def __init__(self) -> None:
-        # cache and release events, column by column: kind, and the block's hash (None: a release of a
-        # block holding no full prefix)
-        self._kinds: list[str] = []
+        # cache and release events, column by column: kind (its code in KINDS, a byte each), and the
+        # block's hash (None: a release of a block holding no full prefix)
+        self._codes = bytearray()
         self._hashes: list[int | None] = []
         self._lookups: list[tuple] = []  # (position in the block events, (LOOKUP, request id, prompt tokens, hashes))
         self._mark = 0
 
     def mark(self) -> None:
         """A prefix lookup is being made now (the scheduler records it once its allocation succeeded)."""
-        self._mark = len(self._kinds)
+        self._mark = len(self._codes)
 
     def lookup(self, request_id: str, num_tokens: int, hashes) -> None:
         self._lookups.append((self._mark, (LOOKUP, request_id, num_tokens, tuple(hashes))))
 
     def cache(self, block_hash: int) -> None:
-        self._kinds.append(CACHE)
+        self._codes += _CACHE_CODE
         self._hashes.append(block_hash)
 
     def release(self, block_hash: int | None) -> None:
-        self._kinds.append(RELEASE)
+        self._codes += _RELEASE_CODE
         self._hashes.append(block_hash)
 
     def cache_all(self, block_hashes: list[int]) -> None:
         """cache(h) for each, in order."""
-        self._kinds += [CACHE] * len(block_hashes)
+        self._codes += _CACHE_CODE * len(block_hashes)
         self._hashes += block_hashes
 
     def release_all(self, block_hashes: list[int | None]) -> None:
         """release(h) for each, in order."""
-        self._kinds += [RELEASE] * len(block_hashes)
+        self._codes += _RELEASE_CODE * len(block_hashes)
         self._hashes += block_hashes
 
     @property
@@ -61,53 +66,70 @@ class KVAccessLog:
         return list(zip(kinds, request_ids, num_tokens, map(tuple, hashes)))
 
     def columns(self) -> tuple[list, list, list, list[list[int]]]:
-        """The events in stream order as columns: kinds, request ids, prompt tokens, hash lists."""
-        kinds, request_ids, num_tokens, values, counts = self.flat_columns()
-        hashes: list[list[int]] = []
-        at = 0
-        for count in counts:
-            hashes.append(values[at : at + count])
-            at += count
-        return kinds, request_ids, num_tokens, hashes
-
-    def flat_columns(self) -> tuple[list, list, list, list[int], list[int]]:
-        """columns() with the hash lists laid end to end (no list per event): kinds, request ids, prompt
-        tokens, every event's hashes one after the other, and how many each event has (a block event 1, or 0
-        for a release of no full prefix: rare, found by list.index)."""
+        """The events in stream order as columns: kinds, request ids, prompt tokens, hash lists (a block event's
+        one hash, none for a release of no full prefix). Made event by event: the model `arrays` is held to."""
         kinds: list[str] = []
         request_ids: list[str | None] = []
         num_tokens: list[int | None] = []
-        values: list = []
-        counts: list[int] = []
-        block_counts = [1] * len(self._hashes)
-        nones: list[int] = []  # where the releases of no full prefix are
+        hashes: list[list[int]] = []
+
+        def blocks(start: int, end: int) -> None:
+            for code, h in zip(self._codes[start:end], self._hashes[start:end]):
+                kinds.append(KINDS[code])
+                request_ids.append(None)
+                num_tokens.append(None)
+                hashes.append([] if h is None else [h])
+
+        i = 0
+        for position, (kind, request_id, n, lookup_hashes) in self._lookups:
+            blocks(i, position)
+            i = position
+            kinds.append(kind)
+            request_ids.append(request_id)
+            num_tokens.append(n)
+            hashes.append(list(lookup_hashes))
+        blocks(i, len(self._codes))
+        return kinds, request_ids, num_tokens, hashes
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, list, list, np.ndarray, np.ndarray] | None:
+        """columns() as arrays, made without a Python object per event: each event's kind code (int8, an index
+        into KINDS), where the lookups are among the events (int64), their request ids and prompt tokens, every
+        event's hashes one after the other (int64) and how many each event has (int64). None when a hash is
+        not an int64 (then only columns() can say it)."""
+        lookups = self._lookups
+        num_blocks, num_lookups = len(self._codes), len(lookups)
+        positions = np.fromiter((position for position, _ in lookups), dtype=np.int64, count=num_lookups)
+        # a lookup goes before the block event at its position, after the lookups placed there before it
+        lookup_at = positions + np.arange(num_lookups, dtype=np.int64)
+        block_at = np.arange(num_blocks, dtype=np.int64)
+        block_at += np.searchsorted(positions, block_at, side="right")
+        codes = np.zeros(num_blocks + num_lookups, dtype=np.int8)  # 0: LOOKUP
+        codes[block_at] = np.frombuffer(self._codes, dtype=np.int8)
+        nones: list[int] = []  # the block events releasing no full prefix: rare, found by list.index
         at = -1
         while True:
             try:
                 at = self._hashes.index(None, at + 1)
             except ValueError:
                 break
-            block_counts[at] = 0
             nones.append(at)
-        block_values = [h for h in self._hashes if h is not None] if nones else self._hashes
-
-        def blocks(start: int, end: int) -> None:
-            kinds.extend(self._kinds[start:end])
-            request_ids.extend([None] * (end - start))
-            num_tokens.extend([None] * (end - start))
-            # block events before `start` hold start - (Nones before it) values
-            values.extend(block_values[start - bisect_left(nones, start) : end - bisect_left(nones, end)])
-            counts.extend(block_counts[start:end])
-
-        i = 0
-        for position, (kind, request_id, n, lookup_hashes) in self._lookups:
-            if position > i:
-                blocks(i, position)
-                i = position
-            kinds.append(kind)
-            request_ids.append(request_id)
-            num_tokens.append(n)
-            values.extend(lookup_hashes)
-            counts.append(len(lookup_hashes))
-        blocks(i, len(self._kinds))
-        return kinds, request_ids, num_tokens, values, counts
+        counts = np.ones(num_blocks + num_lookups, dtype=np.int64)
+        counts[block_at[nones]] = 0
+        lookup_hashes = [entry[3] for _, entry in lookups]
+        counts[lookup_at] = np.fromiter(map(len, lookup_hashes), dtype=np.int64, count=num_lookups)
+        starts = np.cumsum(counts) - counts
+        try:
+            block_values = self._hashes if not nones else [h for h in self._hashes if h is not None]
+            values = np.empty(int(counts.sum()), dtype=np.int64)
+            values[starts[np.delete(block_at, nones)]] = np.fromiter(block_values, np.int64, len(block_values))
+            lookup_counts = counts[lookup_at]
+            within = np.arange(int(lookup_counts.sum()), dtype=np.int64)
+            within -= np.repeat(np.cumsum(lookup_counts) - lookup_counts, lookup_counts)
+            values[np.repeat(starts[lookup_at], lookup_counts) + within] = np.fromiter(
+                chain.from_iterable(lookup_hashes), np.int64, len(within)
+            )
+        except (OverflowError, TypeError, ValueError):  # a hash that is not an int64
+            return None
+        request_ids = [entry[1] for _, entry in lookups]
+        num_tokens = [entry[2] for _, entry in lookups]
+        return codes, lookup_at, request_ids, num_tokens, values, counts

@@ -15,7 +15,7 @@ import experiments.run.runner as runner
 from experiments.kv_whatif.stream import FILE, access_table
 from experiments.results.atomic import atomic_write_with
 from experiments.results.files import write_parquet
-from testbed.core.access_log import KVAccessLog
+from testbed.core.access_log import KINDS, KVAccessLog
 
 
 def reference_frame(log) -> pd.DataFrame:
@@ -77,6 +77,24 @@ def streams():
     lookup_and_nones.lookup("a", 40, [2**62])
     lookup_and_nones.release_all([None, None])
     yield "lookup-and-releases-of-nothing", lookup_and_nones
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_arrays_are_the_columns(seed):
+    log = random_stream(seed, 2000, none_share=0.3)[0]
+    kinds, request_ids, num_tokens, hashes = log.columns()
+    codes, lookup_at, lookup_ids, lookup_tokens, values, counts = log.arrays()
+    assert [KINDS[c] for c in codes] == kinds
+    assert [request_ids[i] for i in lookup_at] == lookup_ids and [num_tokens[i] for i in lookup_at] == lookup_tokens
+    assert sum(r is not None for r in request_ids) == len(lookup_at)
+    assert counts.tolist() == list(map(len, hashes)) and values.tolist() == [h for row in hashes for h in row]
+
+
+def test_no_arrays_for_a_hash_past_int64():
+    log = KVAccessLog()
+    log.lookup("a", 40, [2**63])
+    log.cache_all([1, 2])
+    assert log.arrays() is None and log.columns()[3] == [[2**63], [1], [2]]
 
 
 @pytest.mark.parametrize("name, log", list(streams()), ids=[name for name, _ in streams()])
