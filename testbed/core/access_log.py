@@ -119,9 +119,14 @@ class KVAccessLog:
         counts[lookup_at] = np.fromiter(map(len, lookup_hashes), dtype=np.int64, count=num_lookups)
         starts = np.cumsum(counts) - counts
         try:
-            block_values = self._hashes if not nones else [h for h in self._hashes if h is not None]
+            block_values = self._hashes
+            if nones:  # a copy with 0 for None, read whole, the Nones' places then left out
+                block_values = block_values.copy()
+                for at in nones:
+                    block_values[at] = 0
+            block_values = np.fromiter(block_values, np.int64, num_blocks)
             values = np.empty(int(counts.sum()), dtype=np.int64)
-            values[starts[np.delete(block_at, nones)]] = np.fromiter(block_values, np.int64, len(block_values))
+            values[starts[np.delete(block_at, nones)]] = np.delete(block_values, nones)
             lookup_counts = counts[lookup_at]
             within = np.arange(int(lookup_counts.sum()), dtype=np.int64)
             within -= np.repeat(np.cumsum(lookup_counts) - lookup_counts, lookup_counts)

@@ -92,22 +92,26 @@ class CounterSpans:
 def stats_table(runs: list[CounterSpans]) -> np.ndarray | None:
     """The tuples of every step of these runs, one run after another, as an int64 array with one row per
     tuple field (the steps table's columns); None unless every number they are made of is a plain int
-    within +-2**30 (then each value equals the tuple's Python int)."""
-    spans = [
-        (s.num_blocks, s.block_size, s.per_step, count, computed, *counters)
-        for s in runs
-        for count, computed, counters in zip(s.counts, s.computed, s.counters)
-    ]
-    numbers = list(chain.from_iterable(spans))
-    if numbers and (
-        set(map(len, spans)) != {9}
-        or set(map(type, numbers)) != {int}
-        or not -_BOUND <= min(numbers) <= max(numbers) < _BOUND
-    ):
+    within +-2**30 (then each value equals the tuple's Python int). Each field is read into one list
+    (no tuple per span), checked, then made an array."""
+    counters = list(chain.from_iterable(s.counters for s in runs))
+    if set(map(len, counters)) - {4}:
         return None
-    columns = np.array(spans, dtype=np.int64).reshape(-1, 9).T
-    lengths = columns[3]
-    nb, bs, per_step, _, computed, free, cached, held, internal = np.repeat(columns, lengths, axis=1)
+    fields = [
+        [(s.num_blocks, s.block_size, s.per_step) for s in runs],
+        list(chain.from_iterable(s.counts for s in runs)),
+        list(chain.from_iterable(s.computed for s in runs)),
+        counters,
+    ]
+    numbers = [*chain.from_iterable(fields[0]), *fields[1], *fields[2], *chain.from_iterable(counters)]
+    if numbers and (set(map(type, numbers)) != {int} or not -_BOUND <= min(numbers) <= max(numbers) < _BOUND):
+        return None
+    per_run = np.array(fields[0], dtype=np.int64).reshape(-1, 3)
+    lengths, computed = np.array(fields[1], dtype=np.int64), np.array(fields[2], dtype=np.int64)
+    spans = np.array([len(s.counts) for s in runs], dtype=np.int64)
+    nb, bs, per_step = np.repeat(np.repeat(per_run, spans, axis=0), lengths, axis=0).T
+    free, cached, held, internal = np.repeat(np.array(counters, dtype=np.int64).reshape(-1, 4), lengths, axis=0).T
+    computed = np.repeat(computed, lengths)
     within = np.arange(len(nb), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     slack = held * bs - (computed + within * per_step)
     token = (nb - free) * bs - slack
