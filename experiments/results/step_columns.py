@@ -22,8 +22,9 @@ def runs_columns(runs: list[StepRun]) -> dict[str, np.ndarray]:
     lengths = np.array([len(run) for run in runs], dtype=np.int64)
     firsts = np.cumsum(lengths) - lengths  # where each run starts in the columns
     within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(firsts, lengths)
-    starts = np.array([t for run in runs for t in run.start_times], dtype=np.float64)
-    ends = np.array([t for run in runs for t in run.end_times], dtype=np.float64)
+    total = int(lengths.sum())
+    starts = np.fromiter(chain.from_iterable(run.start_times for run in runs), dtype=np.float64, count=total)
+    ends = np.fromiter(chain.from_iterable(run.end_times for run in runs), dtype=np.float64, count=total)
     grammar = np.zeros(len(starts))
     grammar[firsts] = [run.grammar_time_s for run in runs]  # the first step's
 

@@ -92,28 +92,33 @@ class CounterSpans:
 def stats_table(runs: list[CounterSpans]) -> np.ndarray | None:
     """The tuples of every step of these runs, one run after another, as an int64 array with one row per
     tuple field (the steps table's columns); None unless every number they are made of is a plain int
-    within +-2**30 (then each value equals the tuple's Python int). Each field is read into one list
-    (no tuple per span), checked, then made an array."""
+    within +-2**30 (then each value equals the tuple's Python int). Each field is read into one array (no
+    tuple per span): its values' types checked in Python, their range in numpy."""
     counters = list(chain.from_iterable(s.counters for s in runs))
     if set(map(len, counters)) - {4}:
         return None
-    fields = [
-        [(s.num_blocks, s.block_size, s.per_step) for s in runs],
-        list(chain.from_iterable(s.counts for s in runs)),
-        list(chain.from_iterable(s.computed for s in runs)),
-        counters,
-    ]
-    numbers = [*chain.from_iterable(fields[0]), *fields[1], *fields[2], *chain.from_iterable(counters)]
-    if numbers and (set(map(type, numbers)) != {int} or not -_BOUND <= min(numbers) <= max(numbers) < _BOUND):
+    per_run = list(chain.from_iterable((s.num_blocks, s.block_size, s.per_step) for s in runs))
+    counts = list(chain.from_iterable(s.counts for s in runs))
+    computed = list(chain.from_iterable(s.computed for s in runs))
+    flat_counters = chain.from_iterable(counters)
+    if set(map(type, chain(per_run, counts, computed, chain.from_iterable(counters)))) - {int}:
         return None
-    per_run = np.array(fields[0], dtype=np.int64).reshape(-1, 3)
-    lengths, computed = np.array(fields[1], dtype=np.int64), np.array(fields[2], dtype=np.int64)
+    try:
+        arrays = [
+            np.fromiter(values, dtype=np.int64, count=n)
+            for values, n in ((per_run, len(per_run)), (counts, len(counts)), (computed, len(computed)))
+        ]
+        arrays.append(np.fromiter(flat_counters, dtype=np.int64, count=4 * len(counters)))
+    except OverflowError:
+        return None
+    if any(len(a) and not (-_BOUND <= a.min() and a.max() < _BOUND) for a in arrays):
+        return None
+    per_run_array, lengths, computed_array, counters_array = arrays
     spans = np.array([len(s.counts) for s in runs], dtype=np.int64)
-    nb, bs, per_step = np.repeat(np.repeat(per_run, spans, axis=0), lengths, axis=0).T
-    free, cached, held, internal = np.repeat(np.array(counters, dtype=np.int64).reshape(-1, 4), lengths, axis=0).T
-    computed = np.repeat(computed, lengths)
+    nb, bs, per_step = np.repeat(np.repeat(per_run_array.reshape(-1, 3), spans, axis=0), lengths, axis=0).T
+    free, cached, held, internal = np.repeat(counters_array.reshape(-1, 4), lengths, axis=0).T
     within = np.arange(len(nb), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    slack = held * bs - (computed + within * per_step)
+    slack = held * bs - (np.repeat(computed_array, lengths) + within * per_step)
     token = (nb - free) * bs - slack
     zero = np.zeros(len(nb), dtype=np.int64)
     return np.stack([nb, bs, nb - free, token, slack, cached, free, token, slack - internal, internal, zero, free * bs])
