@@ -23,8 +23,9 @@ def access_table(log) -> pa.Table:
     """The stream as the arrow table pandas makes of its frame (`pa.Table.from_pandas(frame,
     preserve_index=False)`: kind, request_id, num_tokens as Int64, hashes as a column of lists, with
     pandas' metadata), what `to_parquet` writes. A run has millions of block events: the columns are made
-    as arrow arrays from the log's lists (no frame of Python objects first), the hash lists as one list
-    array from the hashes laid end to end; arrow's buffers from malloc (experiments.results.arrow_pool)."""
+    from the log's arrays (KVAccessLog.arrays: no Python object per event, no frame of them first), the
+    string columns by arrow's take, the hash lists as one list array from the hashes laid end to end;
+    arrow's buffers from malloc (experiments.results.arrow_pool)."""
     with system_memory_pool():
         return _access_table(log)
 

@@ -15,7 +15,6 @@ attribute test per block event.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from itertools import chain
 
 import numpy as np
@@ -119,14 +118,15 @@ class KVAccessLog:
         counts[lookup_at] = np.fromiter(map(len, lookup_hashes), dtype=np.int64, count=num_lookups)
         starts = np.cumsum(counts) - counts
         try:
-            block_values = self._hashes
+            hashes = self._hashes
             if nones:  # a copy with 0 for None, read whole, the Nones' places then left out
-                block_values = block_values.copy()
+                hashes = hashes.copy()
                 for at in nones:
-                    block_values[at] = 0
-            block_values = np.fromiter(block_values, np.int64, num_blocks)
+                    hashes[at] = 0
+            block_values = np.fromiter(hashes, np.int64, num_blocks)
+            gone = np.array(nones, dtype=np.int64)
             values = np.empty(int(counts.sum()), dtype=np.int64)
-            values[starts[np.delete(block_at, nones)]] = np.delete(block_values, nones)
+            values[starts[np.delete(block_at, gone)]] = np.delete(block_values, gone)
             lookup_counts = counts[lookup_at]
             within = np.arange(int(lookup_counts.sum()), dtype=np.int64)
             within -= np.repeat(np.cumsum(lookup_counts) - lookup_counts, lookup_counts)

@@ -100,18 +100,14 @@ def stats_table(runs: list[CounterSpans]) -> np.ndarray | None:
     per_run = list(chain.from_iterable((s.num_blocks, s.block_size, s.per_step) for s in runs))
     counts = list(chain.from_iterable(s.counts for s in runs))
     computed = list(chain.from_iterable(s.computed for s in runs))
-    flat_counters = chain.from_iterable(counters)
-    if set(map(type, chain(per_run, counts, computed, chain.from_iterable(counters)))) - {int}:
+    fields = (per_run, counts, computed, list(chain.from_iterable(counters)))
+    if set(map(type, chain.from_iterable(fields))) - {int}:
         return None
     try:
-        arrays = [
-            np.fromiter(values, dtype=np.int64, count=n)
-            for values, n in ((per_run, len(per_run)), (counts, len(counts)), (computed, len(computed)))
-        ]
-        arrays.append(np.fromiter(flat_counters, dtype=np.int64, count=4 * len(counters)))
+        arrays = [np.fromiter(field, dtype=np.int64, count=len(field)) for field in fields]
     except OverflowError:
         return None
-    if any(len(a) and not (-_BOUND <= a.min() and a.max() < _BOUND) for a in arrays):
+    if any(len(a) and not (a.min() >= -_BOUND and a.max() < _BOUND) for a in arrays):
         return None
     per_run_array, lengths, computed_array, counters_array = arrays
     spans = np.array([len(s.counts) for s in runs], dtype=np.int64)
