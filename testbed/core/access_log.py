@@ -15,7 +15,8 @@ attribute test per block event.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, repeat
+from operator import is_not
 
 import numpy as np
 
@@ -104,29 +105,18 @@ class KVAccessLog:
         block_at += np.searchsorted(positions, block_at, side="right")
         codes = np.zeros(num_blocks + num_lookups, dtype=np.int8)  # 0: LOOKUP
         codes[block_at] = np.frombuffer(self._codes, dtype=np.int8)
-        nones: list[int] = []  # the block events releasing no full prefix: rare, found by list.index
-        at = -1
-        while True:
-            try:
-                at = self._hashes.index(None, at + 1)
-            except ValueError:
-                break
-            nones.append(at)
+        try:
+            nones, block_values = self._block_hashes()
+        except (OverflowError, TypeError, ValueError):  # a hash that is not an int64
+            return None
         counts = np.ones(num_blocks + num_lookups, dtype=np.int64)
         counts[block_at[nones]] = 0
         lookup_hashes = [entry[3] for _, entry in lookups]
         counts[lookup_at] = np.fromiter(map(len, lookup_hashes), dtype=np.int64, count=num_lookups)
         starts = np.cumsum(counts) - counts
         try:
-            hashes = self._hashes
-            if nones:  # a copy with 0 for None, read whole, the Nones' places then left out
-                hashes = hashes.copy()
-                for at in nones:
-                    hashes[at] = 0
-            block_values = np.fromiter(hashes, np.int64, num_blocks)
-            gone = np.array(nones, dtype=np.int64)
             values = np.empty(int(counts.sum()), dtype=np.int64)
-            values[starts[np.delete(block_at, gone)]] = np.delete(block_values, gone)
+            values[starts[np.delete(block_at, nones)]] = np.delete(block_values, nones)
             lookup_counts = counts[lookup_at]
             within = np.arange(int(lookup_counts.sum()), dtype=np.int64)
             within -= np.repeat(np.cumsum(lookup_counts) - lookup_counts, lookup_counts)
@@ -138,3 +128,25 @@ class KVAccessLog:
         request_ids = [entry[1] for _, entry in lookups]
         num_tokens = [entry[2] for _, entry in lookups]
         return codes, lookup_at, request_ids, num_tokens, values, counts
+
+    def _block_hashes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where the block events releasing no full prefix (hash None) are, and every block event's hash as
+        int64 (0 in their place). Few (prefix caching on): found by list.index; many (off: every release), by
+        one pass over all of them."""
+        hashes, n = self._hashes, len(self._hashes)
+        if hashes.count(None) * 16 > n:
+            nones = np.flatnonzero(~np.fromiter(map(is_not, hashes, repeat(None)), dtype=bool, count=n))
+            return nones, np.fromiter((0 if h is None else h for h in hashes), dtype=np.int64, count=n)
+        found: list[int] = []
+        at = -1
+        while True:
+            try:
+                at = hashes.index(None, at + 1)
+            except ValueError:
+                break
+            found.append(at)
+        if found:
+            hashes = hashes.copy()
+            for at in found:
+                hashes[at] = 0
+        return np.array(found, dtype=np.int64), np.fromiter(hashes, dtype=np.int64, count=n)
