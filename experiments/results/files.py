@@ -36,6 +36,9 @@ from experiments.results.atomic import atomic_write_text, atomic_write_with, fsy
 from experiments.results.list_columns import frame_table
 
 SWEEP_TABLE = "sweep.csv"
+# result files a run writes only sometimes (write_run: trace_report, clock, the replays' `tables`): a run
+# rewriting a folder removes an earlier run's it does not write, which would sit beside a summary not theirs
+OPTIONAL_FILES = ("trace_report.json", "clock.parquet", "kv_accesses.parquet", "turns.parquet")
 
 
 def _json_default(obj):
@@ -85,6 +88,12 @@ def write_run(
     if summary_path.exists():  # rewriting a folder: until the new summary lands, the folder reads incomplete
         summary_path.unlink()
         fsync_dir(run_dir)
+    written = set(tables or ())
+    written |= {"trace_report.json"} if trace_report is not None else set()
+    written |= {"clock.parquet"} if clock is not None else set()
+    for name in OPTIONAL_FILES:
+        if name not in written:
+            (run_dir / name).unlink(missing_ok=True)
     atomic_write_text(run_dir / "config.yaml", config_yaml)
     with system_memory_pool():
         write_parquet(run_dir / "requests.parquet", requests)

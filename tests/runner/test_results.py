@@ -4,7 +4,8 @@ import multiprocessing as mp
 
 import pandas as pd
 
-from experiments.results.files import append_sweep_row, read_sweep, sweep_row
+from experiments.kv_whatif.stream import FILE as ACCESS_FILE
+from experiments.results.files import OPTIONAL_FILES, append_sweep_row, load_run, read_sweep, sweep_row, write_run
 
 
 def _append_many(args):
@@ -45,3 +46,21 @@ def test_a_table_whose_writer_died_before_its_first_row_reads_empty_and_takes_ro
     assert read_sweep(table, include_incomplete=True).empty and read_sweep(tmp_path).empty
     append_sweep_row(table, {"run_dir": "a", "x": 1})
     assert read_sweep(table).to_dict("records") == [{"run_dir": "a", "x": 1}]
+
+
+def test_a_rewritten_folder_keeps_no_earlier_optional_file(tmp_path):
+    """A run written into a folder an earlier run used loses the earlier run's files it does not write itself
+    (its access stream, clock, turns, trace report), and keeps those it writes."""
+    assert ACCESS_FILE in OPTIONAL_FILES and "turns.parquet" in OPTIONAL_FILES
+    requests = pd.DataFrame({"request_id": ["a"], "token_times": [[0.5]]})
+    steps = pd.DataFrame({"step": [1], "scheduled_ids": [["a"]]})
+    table = pd.DataFrame({"x": [1]})
+    tables = {ACCESS_FILE: table, "turns.parquet": table}
+    common = dict(config_yaml="x: 1\n", requests=requests, steps=steps)
+    write_run(tmp_path, **common, summary={"run": 1}, trace_report={"rows": 1}, clock=table, tables=tables)
+    assert all((tmp_path / name).is_file() for name in OPTIONAL_FILES)
+    write_run(tmp_path, **common, summary={"run": 2}, tables={"turns.parquet": table})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.yaml", "requests.parquet", "steps.parquet", "summary.json", "turns.parquet"
+    ]  # fmt: skip
+    assert load_run(tmp_path)[0] == {"run": 2}
