@@ -33,7 +33,7 @@ def access_table(log) -> pa.Table:
 def _access_table(log) -> pa.Table:
     arrays = log.arrays()
     if arrays is None or not len(arrays[1]) or not len(arrays[4]) or len(arrays[4]) > np.iinfo(np.int32).max:
-        # pandas infers other types then (no lookup: request_id all null; no hash: list<null>; ...)
+        # no lookup (request_id all null), no hash (list<null>), offsets past int32: pandas infers other types
         kinds, request_ids, num_tokens, hashes = log.columns()
         frame = pd.DataFrame({"kind": kinds, "request_id": request_ids, "num_tokens": num_tokens})
         frame["num_tokens"] = frame["num_tokens"].astype("Int64")

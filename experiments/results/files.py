@@ -32,13 +32,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from experiments.results.arrow_pool import system_memory_pool
+from experiments.kv_whatif.stream import FILE as ACCESS_FILE
 from experiments.results.atomic import atomic_write_text, atomic_write_with, fsync_dir
 from experiments.results.list_columns import frame_table
 
 SWEEP_TABLE = "sweep.csv"
 # result files a run writes only sometimes (write_run: trace_report, clock, the replays' `tables`): a run
 # rewriting a folder removes an earlier run's it does not write, which would sit beside a summary not theirs
-OPTIONAL_FILES = ("trace_report.json", "clock.parquet", "kv_accesses.parquet", "turns.parquet")
+OPTIONAL_FILES = ("trace_report.json", "clock.parquet", ACCESS_FILE, "turns.parquet")
 
 
 def _json_default(obj):

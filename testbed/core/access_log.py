@@ -105,26 +105,22 @@ class KVAccessLog:
         block_at += np.searchsorted(positions, block_at, side="right")
         codes = np.zeros(num_blocks + num_lookups, dtype=np.int8)  # 0: LOOKUP
         codes[block_at] = np.frombuffer(self._codes, dtype=np.int8)
+        lookup_hashes = [entry[3] for _, entry in lookups]
         try:
             nones, block_values = self._block_hashes()
+            lookup_values = np.fromiter(chain.from_iterable(lookup_hashes), np.int64, sum(map(len, lookup_hashes)))
         except (OverflowError, TypeError, ValueError):  # a hash that is not an int64
             return None
         counts = np.ones(num_blocks + num_lookups, dtype=np.int64)
         counts[block_at[nones]] = 0
-        lookup_hashes = [entry[3] for _, entry in lookups]
-        counts[lookup_at] = np.fromiter(map(len, lookup_hashes), dtype=np.int64, count=num_lookups)
+        lookup_counts = np.fromiter(map(len, lookup_hashes), dtype=np.int64, count=num_lookups)
+        counts[lookup_at] = lookup_counts
         starts = np.cumsum(counts) - counts
-        try:
-            values = np.empty(int(counts.sum()), dtype=np.int64)
-            values[starts[np.delete(block_at, nones)]] = np.delete(block_values, nones)
-            lookup_counts = counts[lookup_at]
-            within = np.arange(int(lookup_counts.sum()), dtype=np.int64)
-            within -= np.repeat(np.cumsum(lookup_counts) - lookup_counts, lookup_counts)
-            values[np.repeat(starts[lookup_at], lookup_counts) + within] = np.fromiter(
-                chain.from_iterable(lookup_hashes), np.int64, len(within)
-            )
-        except (OverflowError, TypeError, ValueError):  # a hash that is not an int64
-            return None
+        values = np.empty(int(counts.sum()), dtype=np.int64)
+        values[starts[np.delete(block_at, nones)]] = np.delete(block_values, nones)
+        within = np.arange(len(lookup_values), dtype=np.int64)
+        within -= np.repeat(np.cumsum(lookup_counts) - lookup_counts, lookup_counts)
+        values[np.repeat(starts[lookup_at], lookup_counts) + within] = lookup_values
         request_ids = [entry[1] for _, entry in lookups]
         num_tokens = [entry[2] for _, entry in lookups]
         return codes, lookup_at, request_ids, num_tokens, values, counts
